@@ -1,0 +1,250 @@
+"""Typed, validated run configuration.
+
+Precedence is command line (``dotted.key=value``) over the TOML file over the defaults below.
+Every error names the key, the bad value and what would be accepted, and is raised before any
+rank starts training (each rank validates the same inputs, so all of them fail together).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from pserver.errors import ConfigError
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    out_dir: str = "runs/run"
+    seed: int = 0
+    epochs: int = 10
+    device: str = "cpu"
+    log_level: str = "info"
+
+
+@dataclass
+class ClusterConfig:
+    servers: int = 1
+    learners: int = 0  # 0: every rank left after servers, stats and data server
+    tree_fanout: int = 0  # 0: flat (Rudra-base); k >= 2: aggregator tree (Rudra-adv)
+
+
+@dataclass
+class ProtocolConfig:
+    name: str = "hardsync"
+    n: int = 1  # softsync: update after floor(lambda / n) gradients
+    lr_policy: str = "auto"  # none | mean | per-gradient | auto (hardsync: none, softsync: mean)
+    ref_batch: int = 0  # B of sqrt(lambda*mu/B) for hardsync; 0 means data.batch_size
+
+
+@dataclass
+class OptimConfig:
+    rule: str = "sgd"
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    eps: float = 1e-8
+
+
+@dataclass
+class ModelConfig:
+    kind: str = "mlp"
+    hidden: list[int] = field(default_factory=lambda: [64])
+    dtype: str = "float32"
+
+
+@dataclass
+class DataConfig:
+    source: str = "digits"
+    path: str = ""
+    test_path: str = ""
+    test_fraction: float = 0.25
+    batch_size: int = 32
+    prefetch: int = 2
+    n_samples: int = 4096  # synthetic only
+    n_features: int = 64  # synthetic only
+    n_classes: int = 10  # synthetic only
+
+
+@dataclass
+class BlocksConfig:
+    split: str = "size"  # size | layer
+    count: int = 1  # number of blocks when split = "size"
+
+
+@dataclass
+class CommConfig:
+    mode: str = "blocking"
+    stall_timeout: float = 60.0  # seconds before a waiting rank logs what it waits for
+    poll_min: float = 1e-5  # back-off of an idle wait, seconds (FACTS.md: 10 us -> 1 ms)
+    poll_max: float = 1e-3
+
+
+@dataclass
+class StatsConfig:
+    flush_interval: float = 2.0
+    test_every: int = 1  # epochs between model tests at the statistics server
+    progress: bool = True
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    blocks: BlocksConfig = field(default_factory=BlocksConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
+    stats: StatsConfig = field(default_factory=StatsConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "run.device": ("cpu", "gpu", "auto"),
+    "run.log_level": ("debug", "info", "warning", "error"),
+    "protocol.name": ("hardsync", "softsync", "async"),
+    "protocol.lr_policy": ("auto", "none", "mean", "per-gradient"),
+    "optim.rule": ("sgd", "momentum", "nesterov", "adagrad"),
+    "model.kind": ("softmax", "mlp"),
+    "model.dtype": ("float32", "float64"),
+    "data.source": ("digits", "synthetic", "hdf5"),
+    "blocks.split": ("size", "layer"),
+    "comm.mode": ("blocking",),
+}
+
+POSITIVE = {
+    "run.epochs", "protocol.n", "optim.lr", "data.batch_size", "data.prefetch", "data.n_samples",
+    "data.n_features", "data.n_classes", "blocks.count", "comm.stall_timeout", "comm.poll_min",
+    "comm.poll_max", "stats.flush_interval", "stats.test_every", "cluster.servers",
+}
+NON_NEGATIVE = {
+    "cluster.learners", "cluster.tree_fanout", "protocol.ref_batch", "optim.momentum",
+    "optim.weight_decay", "optim.eps", "run.seed",
+}
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read ``path`` (TOML), apply ``key=value`` overrides, validate, and return the config."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist")
+        try:
+            raw = tomllib.loads(p.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
+    for item in overrides:
+        key, value = parse_override(item)
+        section, _, name = key.partition(".")
+        raw.setdefault(section, {})
+        if not isinstance(raw[section], dict):
+            raise ConfigError(f"{section!r} must be a table, not {raw[section]!r}")
+        raw[section][name] = value
+    return validate(build(raw))
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``protocol.n=4`` -> ("protocol.n", 4); values are read as TOML, bare words as strings."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or key.count(".") != 1 or not all(key.split(".")):
+        raise ConfigError(f"override {item!r} is not of the form section.key=value")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text
+    return key, value
+
+
+def build(raw: dict[str, Any]) -> Config:
+    cfg = Config()
+    sections = {f.name: f for f in dataclasses.fields(Config)}
+    for section, table in raw.items():
+        if section not in sections:
+            raise ConfigError(
+                f"unknown config section [{section}]; known: {', '.join(sorted(sections))}"
+            )
+        if not isinstance(table, dict):
+            raise ConfigError(f"[{section}] must be a table, got {table!r}")
+        target = getattr(cfg, section)
+        hints = typing.get_type_hints(type(target))
+        for key, value in table.items():
+            if key not in hints:
+                known = ", ".join(sorted(hints))
+                raise ConfigError(f"unknown config key {section}.{key}; [{section}] has: {known}")
+            setattr(target, key, coerce(f"{section}.{key}", value, hints[key]))
+    return cfg
+
+
+def coerce(key: str, value: Any, hint: Any) -> Any:
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key} = {value!r}: expected true or false")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key} = {value!r}: expected an integer")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+        raise ConfigError(f"{key} = {value!r}: expected a finite number")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key} = {value!r}: expected a string")
+    if typing.get_origin(hint) is list:
+        if isinstance(value, list):
+            (item_hint,) = typing.get_args(hint)
+            return [coerce(f"{key}[{i}]", v, item_hint) for i, v in enumerate(value)]
+        raise ConfigError(f"{key} = {value!r}: expected a list")
+    raise ConfigError(f"{key}: unsupported type {hint}")  # pragma: no cover
+
+
+def get(cfg: Config, key: str) -> Any:
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def validate(cfg: Config) -> Config:
+    for key, allowed in CHOICES.items():
+        value = get(cfg, key)
+        if value not in allowed:
+            raise ConfigError(f"{key} = {value!r}: expected one of {', '.join(allowed)}")
+    for key in POSITIVE:
+        if not get(cfg, key) > 0:
+            raise ConfigError(f"{key} = {get(cfg, key)!r}: expected a value > 0")
+    for key in NON_NEGATIVE:
+        if not get(cfg, key) >= 0:
+            raise ConfigError(f"{key} = {get(cfg, key)!r}: expected a value >= 0")
+    if cfg.cluster.tree_fanout == 1:
+        raise ConfigError("cluster.tree_fanout = 1: expected 0 (flat) or a fan-out >= 2")
+    if not 0.0 < cfg.data.test_fraction < 1.0:
+        raise ConfigError(
+            f"data.test_fraction = {cfg.data.test_fraction!r}: expected a value in (0, 1)"
+        )
+    if cfg.data.source == "hdf5" and not cfg.data.path:
+        raise ConfigError('data.source = "hdf5" needs data.path, the HDF5 file with X and y')
+    if any(h <= 0 for h in cfg.model.hidden):
+        raise ConfigError(f"model.hidden = {cfg.model.hidden!r}: expected positive layer widths")
+    if cfg.comm.poll_min > cfg.comm.poll_max:
+        raise ConfigError(
+            f"comm.poll_min = {cfg.comm.poll_min} exceeds comm.poll_max = {cfg.comm.poll_max}"
+        )
+    return cfg

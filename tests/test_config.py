@@ -1,0 +1,53 @@
+import pytest
+
+from pserver.config import load_config, parse_override
+from pserver.errors import ConfigError
+
+
+def write(tmp_path, text):
+    p = tmp_path / "c.toml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_file_and_overrides_in_precedence(tmp_path):
+    p = write(tmp_path, '[protocol]\nname = "softsync"\nn = 2\n[optim]\nlr = 0.5\n')
+    cfg = load_config(p, ["protocol.n=4", "model.hidden=[32, 16]", "run.name=abc"])
+    assert cfg.protocol.name == "softsync"
+    assert cfg.protocol.n == 4
+    assert cfg.optim.lr == 0.5
+    assert cfg.model.hidden == [32, 16]
+    assert cfg.run.name == "abc"
+    assert cfg.data.batch_size == 32  # default kept
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("protocol.bogus=1", "unknown config key protocol.bogus"),
+        ("nosuch.key=1", "unknown config section [nosuch]"),
+        ("protocol.n=two", "protocol.n = 'two': expected an integer"),
+        ("protocol.name=sometimes", "expected one of hardsync, softsync, async"),
+        ("optim.lr=-1", "optim.lr = -1.0: expected a value > 0"),
+        ("data.test_fraction=1.5", "data.test_fraction"),
+        ("data.source=hdf5", "needs data.path"),
+        ("noequals", "section.key=value"),
+    ],
+)
+def test_bad_values_name_key_and_accepted(override, fragment):
+    with pytest.raises(ConfigError, match=None) as info:
+        load_config(None, [override])
+    assert fragment in str(info.value)
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(write(tmp_path, "[run\n"))
+
+
+def test_override_values_are_toml():
+    assert parse_override("optim.lr=1e-3") == ("optim.lr", 1e-3)
+    assert parse_override("stats.progress=false") == ("stats.progress", False)
+    assert parse_override("protocol.name=async") == ("protocol.name", "async")
