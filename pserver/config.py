@@ -31,6 +31,7 @@ class RunConfig:
     epochs: int = 10
     device: str = "cpu"
     log_level: str = "info"
+    overwrite: bool = False  # replace an existing dump in out_dir
 
 
 @dataclass

@@ -1,0 +1,219 @@
+"""Datasets (built-in digits, synthetic Gaussian classes, HDF5 files) and minibatch sampling.
+
+Everything here is host numpy: ``X`` float32, 2-D, C-contiguous; ``y`` int64, 1-D. Bad files
+raise :class:`DataError` with one message that names the file and the problem.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from pserver.config import DataConfig
+from pserver.errors import ConfigError, DataError
+
+
+@dataclass
+class Dataset:
+    """A train/test split held in host memory."""
+
+    name: str
+    X_train: np.ndarray
+    y_train: np.ndarray
+    X_test: np.ndarray
+    y_test: np.ndarray
+    n_features: int
+    n_classes: int
+
+
+def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
+    """Load the dataset named by ``cfg.source``; splits and synthetic data follow ``seed``."""
+    loaders = {"digits": _digits, "synthetic": _synthetic, "hdf5": _hdf5}
+    if cfg.source not in loaders:
+        raise ConfigError(f"data.source = {cfg.source!r}: expected one of {', '.join(loaders)}")
+    ds = loaders[cfg.source](cfg, seed)
+    n = len(ds.y_train)
+    if n < cfg.batch_size:
+        raise DataError(
+            f"{ds.name}: the training set has {n} samples, fewer than "
+            f"data.batch_size = {cfg.batch_size}"
+        )
+    return ds
+
+
+def _digits(cfg: DataConfig, seed: int) -> Dataset:
+    from sklearn.datasets import load_digits
+
+    raw = load_digits()
+    X = (raw.data / 16.0).astype(np.float32)
+    y = raw.target.astype(np.int64)
+    return _dataset("digits", *_split("digits", X, y, cfg.test_fraction, seed), n_classes=10)
+
+
+def _synthetic(cfg: DataConfig, seed: int) -> Dataset:
+    """Gaussian blobs: centroids ~ N(0, 9/F) per coordinate, unit noise; learnable, not trivial."""
+    rng = np.random.default_rng(seed)
+    n, f, c = cfg.n_samples, cfg.n_features, cfg.n_classes
+    centroids = rng.normal(0.0, 3.0 / math.sqrt(f), size=(c, f))
+    y = rng.permutation(np.arange(n, dtype=np.int64) % c)
+    X = (centroids[y] + rng.normal(size=(n, f))).astype(np.float32)
+    parts = _split("synthetic", X, y, cfg.test_fraction, seed)
+    return _dataset("synthetic", *parts, n_classes=c)
+
+
+def _hdf5(cfg: DataConfig, seed: int) -> Dataset:
+    X, y = read_hdf5(cfg.path)
+    if not cfg.test_path:
+        parts = _split(cfg.path, X, y, cfg.test_fraction, seed)
+        return _dataset(cfg.path, *parts)
+    X_test, y_test = read_hdf5(cfg.test_path)
+    if X_test.shape[1] != X.shape[1]:
+        raise DataError(
+            f"test file {cfg.test_path!r} has {X_test.shape[1]} features per sample but "
+            f"training file {cfg.path!r} has {X.shape[1]}"
+        )
+    return _dataset(cfg.path, X, y, X_test, y_test)
+
+
+def read_hdf5(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """Read and validate datasets ``X`` (N x ..., numeric) and ``y`` (N labels >= 0)."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"data file {str(p)!r} does not exist or is not a file")
+    if not h5py.is_hdf5(p):
+        raise DataError(f"data file {str(p)!r} is not an HDF5 file")
+    try:
+        with h5py.File(p, "r") as f:
+            X, y = (_dataset_array(p, f, key) for key in ("X", "y"))
+    except OSError as e:
+        raise DataError(f"data file {str(p)!r} cannot be read: {e}") from None
+    return _check_X(p, X), _check_y(p, y, len(X))
+
+
+def _dataset_array(p: Path, f: h5py.File, key: str) -> np.ndarray:
+    if not isinstance(f.get(key), h5py.Dataset):
+        found = ", ".join(sorted(f.keys())) or "nothing"
+        raise DataError(f"data file {str(p)!r} has no dataset {key!r} (found: {found})")
+    return np.asarray(f[key][()])
+
+
+def _check_X(p: Path, X: np.ndarray) -> np.ndarray:
+    if X.dtype.kind not in "biuf":
+        raise DataError(f"data file {str(p)!r}: X has dtype {X.dtype}, expected numbers")
+    if X.ndim < 2 or X.shape[0] == 0 or math.prod(X.shape[1:]) == 0:
+        raise DataError(
+            f"data file {str(p)!r}: X has shape {X.shape}, expected N x F with N, F >= 1"
+        )
+    X = np.ascontiguousarray(X.reshape(len(X), -1), dtype=np.float32)
+    bad = ~np.isfinite(X)
+    if bad.any():
+        row = int(np.argmax(bad.any(axis=1)))
+        raise DataError(
+            f"data file {str(p)!r}: X has {int(bad.sum())} NaN or infinite values "
+            f"(first in sample {row})"
+        )
+    return X
+
+
+def _check_y(p: Path, y: np.ndarray, n: int) -> np.ndarray:
+    name = f"data file {str(p)!r}"
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1:
+        raise DataError(f"{name}: y has shape {y.shape}, expected one label per sample")
+    if len(y) != n:
+        raise DataError(f"{name}: X has {n} samples but y has {len(y)} labels (length mismatch)")
+    integral = y.dtype.kind in "iu" or (
+        y.dtype.kind == "f" and bool(np.all(np.isfinite(y))) and bool(np.all(y == np.round(y)))
+    )
+    if not integral:
+        raise DataError(f"{name}: y must hold integer class labels 0..C-1 (dtype {y.dtype})")
+    if y.min() < 0:
+        raise DataError(f"{name}: y has negative labels (min {y.min()}), expected 0..C-1")
+    return y.astype(np.int64)
+
+
+def _split(
+    name: str, X: np.ndarray, y: np.ndarray, fraction: float, seed: int
+) -> tuple[np.ndarray, ...]:
+    """Train/test split, stratified when every class has at least two samples."""
+    from sklearn.model_selection import train_test_split
+
+    counts = np.bincount(y)
+    stratify = y if counts[counts > 0].min() >= 2 else None
+    try:
+        X_tr, X_te, y_tr, y_te = train_test_split(
+            X, y, test_size=fraction, stratify=stratify, random_state=seed
+        )
+    except ValueError:
+        try:  # too few samples per class for a stratified split of this size
+            X_tr, X_te, y_tr, y_te = train_test_split(X, y, test_size=fraction, random_state=seed)
+        except ValueError as e:
+            raise DataError(
+                f"{name}: cannot split {len(y)} samples with test_fraction = {fraction}: {e}"
+            ) from None
+    return X_tr, y_tr, X_te, y_te
+
+
+def _dataset(
+    name: str,
+    X_train: np.ndarray,
+    y_train: np.ndarray,
+    X_test: np.ndarray,
+    y_test: np.ndarray,
+    n_classes: int | None = None,
+) -> Dataset:
+    if n_classes is None:
+        n_classes = int(max(y_train.max(), y_test.max())) + 1
+    X_train, X_test = (np.ascontiguousarray(a, dtype=np.float32) for a in (X_train, X_test))
+    y_train, y_test = (np.ascontiguousarray(a, dtype=np.int64) for a in (y_train, y_test))
+    return Dataset(name, X_train, y_train, X_test, y_test, X_train.shape[1], n_classes)
+
+
+class BatchSampler:
+    """Endless stream of minibatch indices: one fresh permutation of ``range(n)`` per epoch.
+
+    The stream is the concatenation of the permutations, cut into batches of exactly
+    ``batch_size``; a batch at an epoch boundary takes the rest of one permutation and the start
+    of the next.
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int):
+        if n < 1 or batch_size < 1:
+            raise ValueError(f"need n >= 1 and batch_size >= 1, got n={n}, batch={batch_size}")
+        self.n, self.batch_size = n, batch_size
+        self._rng = np.random.default_rng(seed)
+        self._perm = np.empty(0, dtype=np.int64)
+        self._pos = 0
+        self._served = 0
+
+    def next(self) -> np.ndarray:
+        """The next ``batch_size`` int64 indices."""
+        out = np.empty(self.batch_size, dtype=np.int64)
+        filled = 0
+        while filled < self.batch_size:
+            if self._pos == len(self._perm):
+                self._perm, self._pos = self._rng.permutation(self.n).astype(np.int64), 0
+            take = min(self.batch_size - filled, self.n - self._pos)
+            out[filled : filled + take] = self._perm[self._pos : self._pos + take]
+            filled += take
+            self._pos += take
+        self._served += self.batch_size
+        return out
+
+    @property
+    def epoch(self) -> float:
+        """Samples handed out so far divided by ``n``."""
+        return self._served / self.n
+
+
+def write_hdf5_dataset(path: str | Path, X: Any, y: Any) -> None:
+    """Write ``X`` and ``y`` as datasets ``"X"`` and ``"y"`` of a new HDF5 file at ``path``."""
+    with h5py.File(path, "w") as f:
+        f.create_dataset("X", data=np.asarray(X))
+        f.create_dataset("y", data=np.asarray(y))

@@ -1,0 +1,1 @@
+"""Transport: communicators per traffic class and waits that leave the CPU to the compute."""

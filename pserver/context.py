@@ -1,0 +1,113 @@
+"""Everything a rank knows before training: validated config, layout, data, model, blocks.
+
+``prepare`` runs on every rank and raises a ``PserverError`` for any bad input; the CLI makes
+the ranks agree on success before anyone starts training, so bad input never leaves one rank
+waiting on another that has already failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pserver.comm.channels import Channels
+from pserver.comm.records import RecordBuffer
+from pserver.comm.waiting import PeerLog, Waiter
+from pserver.config import Config
+from pserver.errors import ConfigError
+from pserver.protocols import make_protocol
+from pserver.topology import Block, Layout, Role, make_layout, split_blocks
+
+DUMP_NAME = "stats.h5"
+
+
+@dataclass
+class Context:
+    cfg: Config
+    layout: Layout
+    rank: int
+    dataset: Any  # learners.data.Dataset
+    model: Any  # learners.models.Model
+    blocks: list[Block]
+    log: logging.Logger
+    backend: Any = None  # pserver.backend.Backend
+    channels: Channels | None = None
+    peers: PeerLog = field(default_factory=PeerLog)
+    t0: float = field(default_factory=time.time)
+
+    @property
+    def role(self) -> Role:
+        return self.layout.role(self.rank)
+
+    @property
+    def xp(self) -> Any:
+        return self.backend.xp
+
+    @property
+    def dump_path(self) -> Path:
+        return Path(self.cfg.run.out_dir) / DUMP_NAME
+
+    @property
+    def train_size(self) -> int:
+        return len(self.dataset.y_train)
+
+    def now(self) -> float:
+        """Seconds since the common start (all ranks passed a barrier just before ``t0``)."""
+        return time.time() - self.t0
+
+    def waiter(self) -> Waiter:
+        c = self.cfg.comm
+        return Waiter(self.log, self.peers, c.poll_min, c.poll_max, c.stall_timeout)
+
+    def records(self) -> RecordBuffer:
+        assert self.channels is not None
+        return RecordBuffer(self.channels.stats, self.layout.stats, self.cfg.stats.flush_interval)
+
+    def blocks_of(self, shard: int) -> list[Block]:
+        return [b for b in self.blocks if b.shard == shard]
+
+
+def prepare(
+    cfg: Config, world_size: int, rank: int, log: logging.Logger, local: tuple[int, int] = (0, 1)
+) -> Context:
+    """Validate every input that could stop the run later; identical work on every rank.
+
+    No collective call happens here: a rank that fails must not leave the others inside one.
+    ``local`` is this rank's (index, count) among the ranks of its node, for the GPU choice.
+    """
+    from learners.data import load_dataset
+    from learners.models import build_model
+    from pserver.backend import select_backend
+
+    layout = make_layout(world_size, cfg)
+    n_learners = len(layout.learners)
+    make_protocol(cfg, n_learners)  # a protocol that cannot run with this λ fails here
+    dataset = load_dataset(cfg.data, cfg.run.seed)
+    backend = select_backend("cpu", 0, 1)
+    if layout.role(rank) in (Role.LEARNER, Role.SERVER):
+        backend = select_backend(cfg.run.device, *local)
+    model = build_model(cfg.model, dataset.n_features, dataset.n_classes, backend.xp)
+    blocks = split_blocks(
+        model.n_params, model.layer_sizes, cfg.blocks.split, cfg.blocks.count, cfg.cluster.servers
+    )
+    dump = Path(cfg.run.out_dir) / DUMP_NAME
+    if dump.exists() and not cfg.run.overwrite:
+        raise ConfigError(
+            f"{dump} already holds a dump: pass run.overwrite=true to replace it, or choose "
+            "another run.out_dir"
+        )
+    return Context(cfg, layout, rank, dataset, model, blocks, log, backend)
+
+
+def local_rank(comm: Any) -> tuple[int, int]:
+    """This rank's index among the ranks of its node, and how many share the node (collective)."""
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank(), node.Get_size()
+    finally:
+        node.Free()

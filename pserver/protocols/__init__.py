@@ -1,0 +1,29 @@
+"""Synchronization protocols: pure state machines, one instance per parameter block."""
+
+from __future__ import annotations
+
+from pserver.config import Config
+from pserver.errors import ConfigError
+from pserver.protocols.base import Arrival, GradientDecision, Protocol, UpdateDecision
+from pserver.protocols.rudra import Hardsync, Softsync
+
+__all__ = ["Arrival", "GradientDecision", "Protocol", "UpdateDecision", "make_protocol"]
+
+
+def make_protocol(cfg: Config, n_learners: int) -> Protocol:
+    """The protocol object for one block, from ``[protocol]`` and the learner count λ."""
+    p = cfg.protocol
+    if p.name == "hardsync":
+        if p.lr_policy not in ("auto", "none"):
+            raise ConfigError(
+                f"protocol.lr_policy = {p.lr_policy!r} does not apply to hardsync (σ is always 0)"
+                '; use "auto" or "none"'
+            )
+        return Hardsync(n_learners, cfg.data.batch_size, p.ref_batch or cfg.data.batch_size)
+    policy = "mean" if p.lr_policy == "auto" else p.lr_policy
+    n = n_learners if p.name == "async" else p.n
+    if n > n_learners:
+        raise ConfigError(
+            f"protocol.n = {n} exceeds the {n_learners} learners: n-softsync needs 1 <= n <= λ"
+        )
+    return Softsync(n_learners, n, policy)

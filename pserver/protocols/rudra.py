@@ -1,0 +1,91 @@
+"""Rudra's hardsync and n-softsync protocols (Gupta et al., ICDM 2016, §III-A)."""
+
+from __future__ import annotations
+
+import math
+
+from pserver.clocks import mean_staleness, staleness
+from pserver.protocols.base import Arrival, GradientDecision, Protocol, UpdateDecision
+
+
+class Hardsync(Protocol):
+    """Eq. (3): every learner computes exactly one minibatch on the current weights.
+
+    The update averages the λ gradients; the learning rate is multiplied by √(λμ/B), B being
+    the reference batch size (§III-B). A gradient computed from older weights cannot occur when
+    learners wait for each update (``waits_for_update``); if one arrives anyway it is dropped,
+    so the recorded staleness of every applied gradient is 0.
+    """
+
+    name = "hardsync"
+    waits_for_update = True
+
+    def __init__(self, n_learners: int, batch_size: int, ref_batch: int) -> None:
+        super().__init__()
+        self.n_learners = n_learners
+        self.lr_scale = math.sqrt(n_learners * batch_size / ref_batch)
+
+    def on_gradient(self, arrival: Arrival, server_ts: int) -> GradientDecision:
+        sigma = staleness(server_ts, arrival.timestamp)
+        if sigma != 0:
+            return GradientDecision(False, sigma, reason="computed on superseded weights")
+        if arrival.learner in self.pending.learners:
+            return GradientDecision(False, sigma, reason="second gradient in one round")
+        self.pending.add(arrival)
+        return GradientDecision(True, sigma)
+
+    def ready(self) -> bool:
+        return len(self.pending) == self.n_learners
+
+    def commit(self, server_ts: int) -> UpdateDecision:
+        return close_round(self, server_ts, divisor=self.n_learners, lr_scale=self.lr_scale)
+
+
+class Softsync(Protocol):
+    """Eq. (5): update after c = ⌊λ/n⌋ gradients of any age; n = λ is Async (eq. 4).
+
+    ``lr_policy`` modulates the learning rate by staleness: ``mean`` divides it by the update's
+    ⟨σ⟩ of eq. (2) (eq. 6, α = α0/⟨σ⟩, never enlarging it when ⟨σ⟩ < 1); ``per-gradient``
+    scales each gradient by 1/max(σ, 1), the finer strategy of footnote 2; ``none`` keeps α0.
+    """
+
+    name = "softsync"
+
+    def __init__(self, n_learners: int, n: int, lr_policy: str) -> None:
+        super().__init__()
+        if not 1 <= n <= n_learners:
+            raise ValueError(f"n-softsync needs 1 <= n <= λ = {n_learners}, got n = {n}")
+        self.n = n
+        self.count = n_learners // n
+        self.lr_policy = lr_policy
+
+    def on_gradient(self, arrival: Arrival, server_ts: int) -> GradientDecision:
+        sigma = staleness(server_ts, arrival.timestamp)
+        weight = 1.0 / max(sigma, 1) if self.lr_policy == "per-gradient" else 1.0
+        self.pending.add(arrival)
+        return GradientDecision(True, sigma, weight)
+
+    def ready(self) -> bool:
+        return len(self.pending) >= self.count
+
+    def commit(self, server_ts: int) -> UpdateDecision:
+        mean = mean_staleness(server_ts + 1, self.pending.clock)
+        scale = 1.0 / max(mean, 1.0) if self.lr_policy == "mean" else 1.0
+        return close_round(self, server_ts, divisor=len(self.pending), lr_scale=scale)
+
+    def describe(self) -> str:
+        return f"{self.n}-softsync (c={self.count}, lr {self.lr_policy})"
+
+
+def close_round(proto: Protocol, server_ts: int, divisor: float, lr_scale: float) -> UpdateDecision:
+    clock, learners = tuple(proto.pending.clock), tuple(proto.pending.learners)
+    proto.pending.clock.clear()
+    proto.pending.learners.clear()
+    return UpdateDecision(
+        new_timestamp=server_ts + 1,
+        vector_clock=clock,
+        learners=learners,
+        mean_staleness=mean_staleness(server_ts + 1, clock),
+        divisor=float(divisor),
+        lr_scale=lr_scale,
+    )

@@ -1,0 +1,55 @@
+"""Data server: hands out minibatches of the training set in the order of one seeded stream.
+
+A single ``BatchSampler`` serves every learner in request order, so with one learner the
+sequence of minibatches is exactly that of a serial run with the same seed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from pserver.context import Context
+from pserver.wire import Header, Tag, WireError, header_buffer
+
+
+class DataServer:
+    def __init__(self, ctx: Context) -> None:
+        from learners.data import BatchSampler
+
+        self.ctx = ctx
+        self.comm = ctx.channels.io
+        self.waiter = ctx.waiter()
+        ds, batch = ctx.dataset, ctx.cfg.data.batch_size
+        self.X, self.y = ds.X_train, ds.y_train
+        self.sampler = BatchSampler(len(ds.y_train), batch, ctx.cfg.run.seed)
+        self.xbuf = np.empty((batch, ds.n_features), dtype=np.float32)
+        self.ybuf = np.empty(batch, dtype=np.int64)
+        self.hbuf = header_buffer()
+        self.live = set(ctx.layout.learners)
+        self.served = 0
+
+    def run(self) -> None:
+        while self.live:
+            req = self.comm.Irecv(self.hbuf, MPI.ANY_SOURCE, MPI.ANY_TAG)
+            self.waiter.wait(req, lambda: f"minibatch requests from learners {sorted(self.live)}")
+            h = Header.unpack(self.hbuf[0])
+            self.ctx.peers.note(h.sender, h)
+            if h.kind is Tag.DATA_REQ:
+                self.serve(h.sender)
+            elif h.kind is Tag.BYE:
+                self.live.discard(h.sender)
+            else:
+                raise WireError(f"data server got unexpected {h} from rank {h.sender}")
+        self.ctx.log.debug("served %d minibatches", self.served)
+
+    def serve(self, dest: int) -> None:
+        idx = self.sampler.next()
+        np.take(self.X, idx, axis=0, out=self.xbuf)
+        np.take(self.y, idx, out=self.ybuf)
+        reqs = [
+            self.comm.Isend(self.xbuf, dest, Tag.DATA_X),
+            self.comm.Isend(self.ybuf, dest, Tag.DATA_Y),
+        ]
+        self.waiter.waitall(reqs, f"minibatch delivery to rank {dest}")
+        self.served += 1

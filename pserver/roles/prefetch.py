@@ -1,0 +1,91 @@
+"""The learner's I/O thread: prefetch minibatches from the data server while the learner computes.
+
+Slots (preallocated feature and label buffers) circulate between two queues: the thread fills a
+free slot and hands it over as ready; the learner hands it back once the gradient is computed.
+Both sides block on the queues (condition variables), never on a polled flag; ``None`` in the
+free queue is the stop sentinel.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from pserver.context import Context
+from pserver.wire import Header, Tag, header_buffer
+
+
+class Slot:
+    def __init__(self, batch: int, n_features: int) -> None:
+        self.X = np.empty((batch, n_features), dtype=np.float32)
+        self.y = np.empty(batch, dtype=np.int64)
+
+
+class Prefetcher:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.comm = ctx.channels.io
+        self.data_rank = ctx.layout.data
+        self.waiter = ctx.waiter()
+        batch, features = ctx.cfg.data.batch_size, ctx.dataset.n_features
+        self.free: queue.Queue[Slot | None] = queue.Queue()
+        self.ready: queue.Queue[Slot | BaseException] = queue.Queue()
+        for _ in range(ctx.cfg.data.prefetch):
+            self.free.put(Slot(batch, features))
+        self.current: Slot | None = None
+        self.out = header_buffer()
+        self.threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+        if not self.threaded:
+            ctx.log.warning("MPI gives no THREAD_MULTIPLE: minibatches are fetched inline")
+        self.thread = threading.Thread(target=self.loop, name="prefetch", daemon=True)
+        if self.threaded:
+            self.thread.start()
+
+    @property
+    def waited(self) -> float:
+        return self.waiter.waited
+
+    def loop(self) -> None:
+        try:
+            while (slot := self.free.get()) is not None:
+                self.fetch(slot)
+                self.ready.put(slot)
+        except BaseException as e:  # handed to the learner, which raises it on its own thread
+            self.ready.put(e)
+
+    def fetch(self, slot: Slot) -> None:
+        reqs = [
+            self.comm.Irecv(slot.X, self.data_rank, Tag.DATA_X),
+            self.comm.Irecv(slot.y, self.data_rank, Tag.DATA_Y),
+        ]
+        hdr = Header(Tag.DATA_REQ, -1, -1, self.ctx.rank).pack(self.out[0])
+        self.comm.Send(hdr, self.data_rank, Tag.DATA_REQ)
+        self.waiter.waitall(reqs, f"a minibatch from the data server (rank {self.data_rank})")
+
+    def get(self) -> tuple[Any, Any]:
+        """The next minibatch as arrays of the learner's backend (blocks until one is ready)."""
+        if not self.threaded:
+            slot = self.free.get()
+            assert slot is not None
+            self.fetch(slot)
+            self.ready.put(slot)
+        item = self.ready.get()
+        if isinstance(item, BaseException):
+            raise RuntimeError("the prefetch thread failed") from item
+        self.current = item
+        return self.ctx.backend.asarray(item.X), self.ctx.backend.asarray(item.y)
+
+    def release(self) -> None:
+        if self.current is not None:
+            self.free.put(self.current)
+            self.current = None
+
+    def close(self) -> None:
+        """Stop the thread after the request it may have in flight (the data server answers it)."""
+        self.free.put(None)
+        if self.threaded:
+            self.thread.join()

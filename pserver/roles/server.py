@@ -1,0 +1,229 @@
+"""Parameter-server shard: owns some blocks, aggregates gradients by the protocol, answers pulls.
+
+The loop receives headers in arrival order on the control communicator and dispatches them
+through a handler table. Arithmetic on parameters lives in the updater; synchronization
+decisions live in the protocol object; this file only moves messages between them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpi4py import MPI
+
+from pserver.comm.waiting import Waiter
+from pserver.context import Context
+from pserver.optim import make_updater
+from pserver.protocols import Arrival, Protocol, UpdateDecision, make_protocol
+from pserver.topology import Block
+from pserver.wire import Header, Reply, Tag, WireError, header_buffer
+
+
+@dataclass
+class BlockState:
+    """One block's weights, timestamp, protocol round and in-flight sends."""
+
+    block: Block
+    w: Any
+    recv: Any  # gradient receive buffer
+    accum: Any  # aggregate of the accepted gradients of the current round
+    snapshot: Any  # copy sent to the statistics server for testing
+    protocol: Protocol
+    updater: Any
+    ts: int = 0
+    applied: int = 0  # gradients that entered an update
+    in_round: int = 0  # gradients accumulated into ``accum`` this round
+    done: bool = False
+    next_epoch: int = 1
+    waiting_pulls: list[Header] = field(default_factory=list)
+    inflight: list[MPI.Request] = field(default_factory=list)  # sends reading ``w``
+    snapshot_req: MPI.Request | None = None
+
+
+class ServerShard:
+    def __init__(self, ctx: Context, weights: Any) -> None:
+        """``weights`` is the whole initial flat vector; this shard keeps a copy of its slices."""
+        self.ctx, self.cfg, self.xp = ctx, ctx.cfg, ctx.xp
+        self.ch = ctx.channels
+        self.shard = ctx.layout.index(ctx.rank)
+        self.waiter: Waiter = ctx.waiter()
+        self.records = ctx.records()
+        self.live = set(ctx.layout.learners)
+        self.total_samples = self.cfg.run.epochs * ctx.train_size
+        self.hbuf, self.out = header_buffer(), header_buffer()
+        self.blocks = {b.index: self.make_state(b, weights) for b in ctx.blocks_of(self.shard)}
+        self.handlers = {Tag.PUSH: self.on_push, Tag.PULL: self.on_pull, Tag.BYE: self.on_bye}
+        self.dropped_after_stop = 0
+
+    def make_state(self, b: Block, weights: Any) -> BlockState:
+        xp, dtype = self.xp, weights.dtype
+        w = xp.array(weights[b.start : b.stop], dtype=dtype)
+        return BlockState(
+            block=b,
+            w=w,
+            recv=xp.empty_like(w),
+            accum=xp.zeros_like(w),
+            snapshot=xp.empty_like(w),
+            protocol=make_protocol(self.cfg, len(self.ctx.layout.learners)),
+            updater=make_updater(self.cfg.optim, b.size, xp, dtype),
+        )
+
+    def run(self) -> None:
+        self.ctx.log.info(
+            "serving blocks %s (%s)",
+            sorted(self.blocks),
+            next(iter(self.blocks.values())).protocol.describe(),
+        )
+        while self.live:
+            header = self.next_header()
+            handler = self.handlers.get(header.kind)
+            if handler is None:
+                raise WireError(f"server got unexpected {header} from rank {header.sender}")
+            handler(header)
+            self.records.maybe_send()
+        self.finish()
+
+    def next_header(self) -> Header:
+        req = self.ch.ctrl.Irecv(self.hbuf, MPI.ANY_SOURCE, MPI.ANY_TAG)
+        self.waiter.wait(req, lambda: f"a push or pull from learners {sorted(self.live)}")
+        header = Header.unpack(self.hbuf[0])
+        self.ctx.peers.note(header.sender, header)
+        return header
+
+    # -- pushes ------------------------------------------------------------------------------
+
+    def on_push(self, h: Header) -> None:
+        st = self.blocks[h.block]
+        req = self.ch.bulk.Irecv(st.recv, h.sender, h.block)
+        self.waiter.wait(req, lambda: f"gradient payload of block {h.block} from rank {h.sender}")
+        if st.done:
+            self.dropped_after_stop += 1
+            return
+        learner = self.ctx.layout.index(h.sender)
+        decision = st.protocol.on_gradient(Arrival(learner, h.timestamp), st.ts)
+        self.record_gradient(st, learner, h.timestamp, decision.staleness, decision.accept)
+        if decision.accept:
+            self.accumulate(st, decision.weight)
+        if st.protocol.ready():
+            self.update(st)
+
+    def accumulate(self, st: BlockState, weight: float) -> None:
+        xp = self.xp
+        if st.in_round == 0:  # first of the round: overwrite instead of zero-then-add
+            if weight == 1.0:
+                st.recv, st.accum = st.accum, st.recv  # pointer swap, no copy
+            else:
+                xp.multiply(st.recv, weight, out=st.accum)
+        elif weight == 1.0:
+            xp.add(st.accum, st.recv, out=st.accum)
+        else:
+            st.accum += weight * st.recv
+        st.in_round += 1
+
+    def update(self, st: BlockState) -> None:
+        decision = st.protocol.commit(st.ts)
+        lr = self.cfg.optim.lr * decision.lr_scale
+        if decision.divisor != 1.0:
+            self.xp.multiply(st.accum, 1.0 / decision.divisor, out=st.accum)
+        self.waitall(st.inflight, f"weight sends of block {st.block.index} to drain")
+        st.updater.step(st.w, st.accum, lr)
+        st.ts, st.in_round = decision.new_timestamp, 0
+        st.applied += len(decision.vector_clock)
+        self.record_update(st, decision, lr)
+        self.after_update(st)
+
+    def after_update(self, st: BlockState) -> None:
+        samples = st.applied * self.cfg.data.batch_size
+        while samples >= st.next_epoch * self.ctx.train_size:
+            epoch = st.next_epoch
+            st.next_epoch += 1
+            final = samples >= self.total_samples
+            if final or epoch % self.cfg.stats.test_every == 0:
+                self.send_snapshot(st, epoch)
+        if samples >= self.total_samples:
+            st.done = True
+        waiting, st.waiting_pulls = st.waiting_pulls, []
+        for h in waiting:
+            self.on_pull(h)
+
+    # -- pulls -------------------------------------------------------------------------------
+
+    def on_pull(self, h: Header) -> None:
+        """Rudra's timestamp inquiry: weights go out only when newer than the learner's copy."""
+        st = self.blocks[h.block]
+        if st.done:
+            self.reply(h.sender, st, Reply.STOP)
+        elif st.ts < h.aux:  # hardsync: the learner wants the next update; answer after it
+            st.waiting_pulls.append(h)
+        elif st.ts == h.timestamp:
+            self.reply(h.sender, st, Reply.CURRENT)
+        else:
+            self.reply(h.sender, st, Reply.WEIGHTS)
+            st.inflight.append(self.ch.bulk.Isend(st.w, h.sender, st.block.index))
+
+    def reply(self, dest: int, st: BlockState, kind: Reply) -> None:
+        Header(Tag.REPLY, st.block.index, st.ts, self.ctx.rank, int(kind)).pack(self.out[0])
+        self.ch.ctrl.Send(self.out[0], dest, Tag.REPLY)
+
+    def on_bye(self, h: Header) -> None:
+        self.live.discard(h.sender)
+
+    # -- statistics --------------------------------------------------------------------------
+
+    def record_gradient(
+        self, st: BlockState, learner: int, ts: int, sigma: int, accepted: bool
+    ) -> None:
+        self.records.add(
+            "gradients",
+            shard=self.shard,
+            learner=learner,
+            timestamp=ts,
+            staleness=sigma,
+            update=st.ts + 1 if accepted else -1,
+            time=self.ctx.now(),
+        )
+
+    def record_update(self, st: BlockState, d: UpdateDecision, lr: float) -> None:
+        if st.block.index != min(self.blocks):
+            return  # blocks of a shard update together; one row per shard keeps the dump lean
+        self.records.add(
+            "updates",
+            shard=self.shard,
+            timestamp=d.new_timestamp,
+            time=self.ctx.now(),
+            n_gradients=len(d.vector_clock),
+            mean_staleness=d.mean_staleness,
+            lr=lr,
+        )
+        self.records.add_clock(d.vector_clock)
+
+    def send_snapshot(self, st: BlockState, epoch: int) -> None:
+        """Copy the block for the test at an epoch end; the send overlaps later updates."""
+        if st.snapshot_req is not None:
+            self.waiter.wait(st.snapshot_req, "the previous model snapshot to reach stats")
+        self.xp.copyto(st.snapshot, st.w)
+        self.ctx.backend.synchronize()
+        hdr = Header(Tag.MODEL, st.block.index, st.ts, self.ctx.rank, epoch).pack(self.out[0])
+        self.ch.stats.Send(hdr, self.ctx.layout.stats, Tag.MODEL)
+        st.snapshot_req = self.ch.stats.Isend(st.snapshot, self.ctx.layout.stats, Tag.MODEL)
+
+    def waitall(self, reqs: list[MPI.Request], what: str) -> None:
+        self.waiter.waitall(reqs, what)
+        reqs.clear()
+
+    def finish(self) -> None:
+        for st in self.blocks.values():
+            self.waitall(st.inflight, "weight sends to drain")
+            if st.snapshot_req is not None:
+                self.waiter.wait(st.snapshot_req, "the last model snapshot to reach stats")
+        self.records.add(
+            "servers",
+            shard=self.shard,
+            updates=max(s.ts for s in self.blocks.values()),
+            dropped_after_stop=self.dropped_after_stop,
+            wait_time=self.waiter.waited,
+        )
+        self.records.send()
+        hdr = Header(Tag.SERVER_BYE, -1, -1, self.ctx.rank).pack(self.out[0])
+        self.ch.stats.Send(hdr, self.ctx.layout.stats, Tag.SERVER_BYE)

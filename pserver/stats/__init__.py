@@ -1,0 +1,1 @@
+"""Statistics dump of a run: the HDF5 writer, its reader and the ``pserver-stats`` tool."""

@@ -1,0 +1,173 @@
+"""``pserver-stats``: summarise or plot the HDF5 statistics dump of a run.
+
+    pserver-stats summary runs/x/stats.h5 [--json]
+    pserver-stats plot runs/x/stats.h5 [-o OUTDIR]
+
+Errors print one line ``pserver-stats: error: ...`` on stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pserver.errors import PserverError
+from pserver.stats.reader import load_dump, summarize
+
+PROG = "pserver-stats"
+BAR_WIDTH = 40
+MAX_HIST_ROWS = 25  # more distinct σ values than this are binned into ranges
+
+
+def histogram_rows(hist: dict[int, int], max_rows: int = MAX_HIST_ROWS) -> list[tuple[str, int]]:
+    """(label, count) rows of a staleness histogram; wide ranges become equal integer bins."""
+    if not hist:
+        return []
+    lo, hi = min(hist), max(hist)
+    if hi - lo + 1 <= max_rows:
+        return [(str(v), hist.get(v, 0)) for v in range(lo, hi + 1)]
+    step = -(-(hi - lo + 1) // max_rows)  # ceil: at most max_rows bins
+    rows = []
+    for start in range(lo, hi + 1, step):
+        stop = min(start + step - 1, hi)
+        count = sum(c for v, c in hist.items() if start <= v <= stop)
+        rows.append((f"{start}-{stop}", count))
+    return rows
+
+
+def format_histogram(hist: dict[int, int], width: int = BAR_WIDTH) -> list[str]:
+    """Text bars of a staleness histogram: σ, count, probability and a bar scaled to the mode."""
+    rows = histogram_rows(hist)
+    if not rows:
+        return ["  (no applied gradients)"]
+    total = sum(hist.values())
+    peak = max(count for _, count in rows)
+    label_w = max(len("σ"), *(len(label) for label, _ in rows))
+    lines = [f"  {'σ':>{label_w}}  {'count':>10}  {'prob':>7}"]
+    for label, count in rows:
+        bar = "#" * round(width * count / peak) or ("." if count else "")  # rare but present
+        lines.append(f"  {label:>{label_w}}  {count:>10d}  {count / total:>7.4f}  {bar}")
+    return lines
+
+
+def _fmt(value: Any, spec: str = ".4g") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _staleness_lines(summary: dict[str, Any]) -> list[str]:
+    grads, upd = summary["gradients"], summary["updates"]
+    st = grads["staleness"]
+    lines = [
+        f"staleness    ⟨σ⟩ over gradients {_fmt(st['mean'])}   "
+        f"⟨σ⟩ over updates (eq. 2) {_fmt(upd.get('mean_staleness'))}   max σ {_fmt(st['max'])}",
+        f"             p50 {_fmt(st['p50'])}   p90 {_fmt(st['p90'])}   p99 {_fmt(st['p99'])}",
+    ]
+    if "bound_2n" in grads:
+        lines[-1] += f"   σ ≤ 2n = {grads['bound_2n']}: {100 * grads['fraction_within_2n']:.2f} %"
+    return lines + format_histogram(st["histogram"])
+
+
+def _learner_lines(learners: dict[int, dict[str, Any]]) -> list[str]:
+    if not learners:
+        return ["learners     (no learner rows)"]
+    lines = [
+        f"learners     {'id':>4}  {'minibatches':>11}  {'compute s':>10}  {'wait s':>10}"
+        f"  {'samples':>10}"
+    ]
+    for lid, row in sorted(learners.items()):
+        lines.append(
+            f"             {lid:>4}  {_fmt(row.get('minibatches'), 'd'):>11}"
+            f"  {_fmt(row.get('compute_time'), '.2f'):>10}  {_fmt(row.get('wait_time'), '.2f'):>10}"
+            f"  {_fmt(row.get('samples'), 'd'):>10}"
+        )
+    return lines
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The human-readable summary printed by ``pserver-stats summary``."""
+    run, upd, grads, test = (
+        summary["run"],
+        summary["updates"],
+        summary["gradients"],
+        summary["test"],
+    )
+    lines = [
+        f"dump         {summary['path']}",
+        f"run          protocol {run.get('protocol', '?')}   learners {run.get('n_learners', '?')}"
+        f"   servers {run.get('n_servers', '?')}   world size {run.get('world_size', '?')}",
+        f"version      pserver {run.get('pserver_version', '?')} on {run.get('host', '?')}"
+        f"   started {run.get('started', '?')}   finished {run.get('finished', '-')}",
+        f"updates      {upd['count']}   gradients/update "
+        f"{_fmt(upd.get('mean_gradients_per_update'), '.3g')}",
+        f"gradients    {grads['count']}   applied {grads['applied']}   dropped {grads['dropped']}",
+        *_staleness_lines(summary),
+        *_learner_lines(summary["learners"]),
+    ]
+    if "final_error" in test:
+        lines.append(
+            f"test error   final {test['final_error']:.4f} (epoch {_fmt(test.get('final_epoch'))})"
+            f"   best {test['best_error']:.4f} (epoch {_fmt(test.get('best_epoch'))})"
+        )
+    else:
+        lines.append("test error   (no test rows)")
+    wall = "n/a" if summary["wall_time"] is None else f"{summary['wall_time']:.1f} s"
+    note = "  (from the last row: the run did not finish cleanly)"
+    lines.append(f"wall time    {wall}{note if summary['wall_time_estimated'] else ''}")
+    lines.append(f"throughput   {_fmt(summary['samples_per_s'], '.1f')} samples/s")
+    return "\n".join(lines)
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    summary = summarize(load_dump(args.dump))
+    print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from pserver.stats.plots import plot_all  # matplotlib only when plotting
+
+    dump = load_dump(args.dump)
+    outdir = Path(args.outdir) if args.outdir else Path(args.dump).resolve().parent
+    for path in plot_all(dump, outdir):
+        print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Summarise or plot the HDF5 statistics dump (stats.h5) of a run."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("summary", help="print run facts, staleness, per-learner times, errors")
+    p.add_argument("dump", help="path of the stats.h5 dump")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_summary)
+    p = sub.add_parser("plot", help="write staleness.png, test_error.png, train_loss.png")
+    p.add_argument("dump", help="path of the stats.h5 dump")
+    p.add_argument("-o", "--outdir", help="directory for the PNGs (default: the dump's directory)")
+    p.set_defaults(func=cmd_plot)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``pserver-stats``; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except BrokenPipeError:
+        # The reader went away (``| head``): not an error. Point stdout at /dev/null so the
+        # interpreter's final flush does not raise again (recipe from the Python signal docs).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (PserverError, OSError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

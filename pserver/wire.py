@@ -1,0 +1,76 @@
+"""The wire contract: every message kind named once, and the fixed header that precedes payloads.
+
+A header is five int64 words ``[kind, block, timestamp, sender, aux]`` sent as a buffer. Array
+payloads (weights, gradients, minibatches) follow as separate buffer messages on their own
+communicator, tagged by block, so a payload can never be mistaken for a header.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from pserver.errors import PserverError
+
+HEADER_WORDS = 5
+
+
+@enum.unique
+class Tag(enum.IntEnum):
+    """Message kinds; also the MPI tag that headers travel with on the control communicator."""
+
+    PULL = 1  # learner -> server: block, timestamp it holds, aux = oldest timestamp it accepts
+    PUSH = 2  # learner -> server: block, timestamp the gradient was computed from; payload follows
+    REPLY = 3  # server -> learner: aux = one of Reply; block, timestamp of the weights
+    BYE = 4  # learner -> server / data server / stats server: this learner is finished
+    DATA_REQ = 5  # learner I/O thread -> data server: send me a minibatch
+    DATA_X = 6  # data server -> learner: minibatch features (payload)
+    DATA_Y = 7  # data server -> learner: minibatch labels (payload)
+    MODEL = 8  # server -> stats server: block weights for the test at an epoch end (aux = epoch)
+    RECORDS = 9  # anyone -> stats server: a small dict of statistics rows (pickled control data)
+    SERVER_BYE = 10  # server -> stats server: the shard is finished
+
+
+@enum.unique
+class Reply(enum.IntEnum):
+    WEIGHTS = 1  # newer weights follow as a payload
+    CURRENT = 2  # the learner's copy is current: no payload (Rudra's timestamp inquiry)
+    STOP = 3  # training is over for this block
+
+
+class WireError(PserverError):
+    """A message that breaks the contract (unknown kind, wrong size)."""
+
+
+@dataclass(frozen=True)
+class Header:
+    kind: Tag
+    block: int = -1
+    timestamp: int = -1
+    sender: int = -1
+    aux: int = 0
+
+    def pack(self, buf: np.ndarray) -> np.ndarray:
+        buf[:] = (int(self.kind), self.block, self.timestamp, self.sender, self.aux)
+        return buf
+
+    @classmethod
+    def unpack(cls, buf: np.ndarray) -> Header:
+        try:
+            kind = Tag(int(buf[0]))
+        except ValueError:
+            raise WireError(
+                f"unknown message kind {int(buf[0])} in header {buf.tolist()}"
+            ) from None
+        return cls(kind, int(buf[1]), int(buf[2]), int(buf[3]), int(buf[4]))
+
+    def __str__(self) -> str:
+        aux = Reply(self.aux).name if self.kind is Tag.REPLY else self.aux
+        return f"{self.kind.name}(block={self.block}, ts={self.timestamp}, aux={aux})"
+
+
+def header_buffer(n: int = 1) -> np.ndarray:
+    """Preallocated room for ``n`` headers (one row each)."""
+    return np.zeros((n, HEADER_WORDS), dtype=np.int64)

@@ -1,0 +1,160 @@
+import numpy as np
+import pytest
+
+from learners.data import BatchSampler, load_dataset, write_hdf5_dataset
+from learners.models import build_model
+from pserver.config import DataConfig, ModelConfig
+from pserver.errors import DataError
+
+
+def test_digits_shapes_types_and_stratified_split():
+    ds = load_dataset(DataConfig(source="digits", test_fraction=0.25), seed=0)
+    assert ds.X_train.shape == (1347, 64) and ds.X_test.shape == (450, 64)
+    assert (ds.n_features, ds.n_classes) == (64, 10)
+    for X, y in ((ds.X_train, ds.y_train), (ds.X_test, ds.y_test)):
+        assert X.dtype == np.float32 and X.flags.c_contiguous and 0 <= X.min() <= X.max() <= 1
+        assert y.dtype == np.int64 and y.ndim == 1 and len(y) == len(X)
+    share_train = np.bincount(ds.y_train) / len(ds.y_train)
+    share_test = np.bincount(ds.y_test) / len(ds.y_test)
+    assert np.abs(share_train - share_test).max() < 0.01
+
+
+def test_digits_split_is_deterministic_in_the_seed():
+    a, b = (load_dataset(DataConfig(), seed=3) for _ in range(2))
+    assert np.array_equal(a.X_train, b.X_train) and np.array_equal(a.y_test, b.y_test)
+    c = load_dataset(DataConfig(), seed=4)
+    assert not np.array_equal(a.y_train, c.y_train)
+
+
+def test_synthetic_is_deterministic_and_learnable():
+    cfg = DataConfig(source="synthetic", n_samples=600, n_features=10, n_classes=4)
+    ds = load_dataset(cfg, seed=1)
+    assert ds.X_train.shape == (450, 10) and (ds.n_features, ds.n_classes) == (10, 4)
+    assert np.array_equal(ds.X_test, load_dataset(cfg, seed=1).X_test)
+    m = build_model(ModelConfig(kind="softmax"), ds.n_features, ds.n_classes)
+    w = m.init_params(0)
+    grad = np.empty_like(w)
+    for _ in range(100):
+        m.loss_grad(w, ds.X_train, ds.y_train, grad)
+        w -= 0.5 * grad
+    assert m.evaluate(w, ds.X_test, ds.y_test)[1] < 0.4  # chance is 0.75
+
+
+def test_sampler_streams_one_permutation_per_epoch():
+    n, b = 10, 4
+    s = BatchSampler(n, b, seed=0)
+    batches = [s.next() for _ in range(15)]  # 60 samples: exactly 6 epochs
+    assert all(x.dtype == np.int64 and x.shape == (b,) for x in batches)
+    stream = np.concatenate(batches)
+    epochs = stream.reshape(6, n)
+    assert all(sorted(e) == list(range(n)) for e in epochs)
+    assert not all(np.array_equal(epochs[0], e) for e in epochs[1:])  # fresh permutations
+    assert np.array_equal(batches[2], np.concatenate([epochs[0][8:], epochs[1][:2]]))
+    assert s.epoch == 6.0
+
+
+def test_sampler_is_deterministic_and_counts_epochs():
+    a, b, c = BatchSampler(7, 3, 5), BatchSampler(7, 3, 5), BatchSampler(7, 3, 6)
+    sa = [a.next() for _ in range(10)]
+    assert all(np.array_equal(x, b.next()) for x in sa)
+    assert not all(np.array_equal(x, c.next()) for x in sa)
+    assert a.epoch == pytest.approx(30 / 7)
+
+
+def test_sampler_batch_larger_than_the_set_spans_epochs():
+    s = BatchSampler(3, 7, seed=0)
+    stream = np.concatenate([s.next() for _ in range(3)])
+    assert all(sorted(e) == [0, 1, 2] for e in stream.reshape(7, 3))
+
+
+def test_hdf5_roundtrip_flattens_and_splits(tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 2, 3))
+    y = np.arange(40) % 4
+    path = tmp_path / "d.h5"
+    write_hdf5_dataset(path, X, y)
+    ds = load_dataset(DataConfig(source="hdf5", path=str(path), batch_size=8), seed=0)
+    assert ds.X_train.shape == (30, 6) and ds.X_test.shape == (10, 6)
+    assert ds.X_train.dtype == np.float32 and ds.y_train.dtype == np.int64
+    assert (ds.n_features, ds.n_classes) == (6, 4)
+    assert sorted(np.bincount(ds.y_test)) == [2, 2, 3, 3]  # stratified
+    got = np.concatenate([ds.X_train, ds.X_test])
+    want = X.reshape(40, 6).astype(np.float32)
+    assert sorted(map(tuple, got)) == sorted(map(tuple, want))
+
+
+def test_hdf5_separate_test_file_and_integral_float_labels(tmp_path):
+    write_hdf5_dataset(tmp_path / "tr.h5", np.ones((8, 3)), np.array([0, 1] * 4))
+    write_hdf5_dataset(tmp_path / "te.h5", np.zeros((5, 3)), np.array([0, 1, 2, 2, 0.0]))
+    cfg = DataConfig(
+        source="hdf5", path=str(tmp_path / "tr.h5"), test_path=str(tmp_path / "te.h5"), batch_size=8
+    )
+    ds = load_dataset(cfg, seed=0)
+    assert ds.X_train.shape == (8, 3) and ds.X_test.shape == (5, 3)
+    assert ds.n_classes == 3 and ds.y_test.dtype == np.int64
+
+
+def write_text(path):
+    path.write_text("this is not HDF5\n")
+
+
+def missing_key(key):
+    def make(path):
+        import h5py
+
+        with h5py.File(path, "w") as f:
+            f["X" if key == "y" else "y"] = np.zeros(40)
+
+    return make
+
+
+def with_data(X, y):
+    return lambda path: write_hdf5_dataset(path, X, y)
+
+
+GOOD_X, GOOD_Y = np.ones((40, 3)), np.arange(40) % 2
+NAN_X = GOOD_X.copy()
+NAN_X[5, 1] = np.nan
+INF_X = GOOD_X.copy()
+INF_X[7, 0] = np.inf
+
+
+@pytest.mark.parametrize(
+    "writer, fragment",
+    [
+        (None, "does not exist"),
+        (write_text, "not an HDF5 file"),
+        (missing_key("X"), "no dataset 'X'"),
+        (missing_key("y"), "no dataset 'y'"),
+        (with_data(GOOD_X, GOOD_Y[:30]), "X has 40 samples but y has 30 labels"),
+        (with_data(GOOD_X, GOOD_Y + 0.5), "integer class labels"),
+        (with_data(GOOD_X, GOOD_Y - 1), "negative labels"),
+        (with_data(NAN_X, GOOD_Y), r"1 NaN or infinite values \(first in sample 5\)"),
+        (with_data(INF_X, GOOD_Y), r"1 NaN or infinite values \(first in sample 7\)"),
+        (with_data(np.array(["a"] * 40, dtype="S1")[:, None], GOOD_Y), "expected numbers"),
+        (with_data(GOOD_X[:, 0], GOOD_Y), r"X has shape \(40,\)"),
+        (with_data(GOOD_X[:8], GOOD_Y[:8]), "6 samples, fewer than data.batch_size = 32"),
+    ],
+)
+def test_bad_hdf5_raises_data_error_naming_file_and_problem(tmp_path, writer, fragment):
+    path = tmp_path / "bad.h5"
+    if writer is not None:
+        writer(path)
+    with pytest.raises(DataError, match=fragment) as info:
+        load_dataset(DataConfig(source="hdf5", path=str(path)), seed=0)
+    assert "bad.h5" in str(info.value)
+
+
+def test_test_file_with_other_feature_count_raises(tmp_path):
+    write_hdf5_dataset(tmp_path / "tr.h5", GOOD_X, GOOD_Y)
+    write_hdf5_dataset(tmp_path / "te.h5", np.ones((10, 4)), GOOD_Y[:10])
+    cfg = DataConfig(source="hdf5", path=str(tmp_path / "tr.h5"), test_path=str(tmp_path / "te.h5"))
+    with pytest.raises(DataError, match="te.h5.*4 features.*tr.h5.* has 3"):
+        load_dataset(cfg, seed=0)
+
+
+def test_any_source_smaller_than_the_batch_raises():
+    with pytest.raises(DataError, match="digits: the training set has 1347 samples"):
+        load_dataset(DataConfig(source="digits", batch_size=5000), seed=0)
+    with pytest.raises(DataError, match="synthetic"):
+        load_dataset(DataConfig(source="synthetic", n_samples=40), seed=0)
