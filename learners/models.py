@@ -165,4 +165,9 @@ def build_model(cfg: ModelConfig, n_features: int, n_classes: int, xp: ModuleTyp
         if any(h <= 0 for h in cfg.hidden):
             raise ConfigError(f"model.hidden = {cfg.hidden!r}: expected positive layer widths")
         return MLP([n_features, *cfg.hidden, n_classes], cfg.dtype, xp)
-    raise ConfigError(f"model.kind = {cfg.kind!r}: expected one of softmax, mlp")
+    if cfg.kind == "null":
+        from learners.null import NullModel
+
+        n = max(1, int(cfg.size_mib * 2**20) // numpy.dtype(cfg.dtype).itemsize)
+        return NullModel(n, n_classes, cfg.dtype, xp)
+    raise ConfigError(f"model.kind = {cfg.kind!r}: expected one of softmax, mlp, null")

@@ -63,6 +63,7 @@ class ModelConfig:
     kind: str = "mlp"
     hidden: list[int] = field(default_factory=lambda: [64])
     dtype: str = "float32"
+    size_mib: float = 1.0  # kind = "null" only: parameters of a zero-compute model
 
 
 @dataclass
@@ -93,6 +94,13 @@ class CommConfig:
 
 
 @dataclass
+class InjectConfig:
+    """Deterministic slow-downs for experiments (emulate a bigger model, stragglers, delays)."""
+
+    compute_time: float = 0.0  # seconds added to every minibatch (the rank sleeps: an idle GPU)
+
+
+@dataclass
 class StatsConfig:
     flush_interval: float = 2.0
     test_every: int = 1  # epochs between model tests at the statistics server
@@ -110,6 +118,7 @@ class Config:
     blocks: BlocksConfig = field(default_factory=BlocksConfig)
     comm: CommConfig = field(default_factory=CommConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
+    inject: InjectConfig = field(default_factory=InjectConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
@@ -121,7 +130,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "protocol.name": ("hardsync", "softsync", "async"),
     "protocol.lr_policy": ("auto", "none", "mean", "per-gradient"),
     "optim.rule": ("sgd", "momentum", "nesterov", "adagrad"),
-    "model.kind": ("softmax", "mlp"),
+    "model.kind": ("softmax", "mlp", "null"),
     "model.dtype": ("float32", "float64"),
     "data.source": ("digits", "synthetic", "hdf5"),
     "blocks.split": ("size", "layer"),
@@ -129,13 +138,32 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 POSITIVE = {
-    "run.epochs", "protocol.n", "optim.lr", "data.batch_size", "data.prefetch", "data.n_samples",
-    "data.n_features", "data.n_classes", "blocks.count", "comm.stall_timeout", "comm.poll_min",
-    "comm.poll_max", "stats.flush_interval", "stats.test_every", "cluster.servers",
+    "run.epochs",
+    "protocol.n",
+    "optim.lr",
+    "data.batch_size",
+    "data.prefetch",
+    "data.n_samples",
+    "data.n_features",
+    "data.n_classes",
+    "model.size_mib",
+    "blocks.count",
+    "comm.stall_timeout",
+    "comm.poll_min",
+    "comm.poll_max",
+    "stats.flush_interval",
+    "stats.test_every",
+    "cluster.servers",
 }
 NON_NEGATIVE = {
-    "cluster.learners", "cluster.tree_fanout", "protocol.ref_batch", "optim.momentum",
-    "optim.weight_decay", "optim.eps", "run.seed",
+    "cluster.learners",
+    "cluster.tree_fanout",
+    "protocol.ref_batch",
+    "optim.momentum",
+    "optim.weight_decay",
+    "optim.eps",
+    "run.seed",
+    "inject.compute_time",
 }
 
 

@@ -58,6 +58,8 @@ class Learner:
         t2 = time.perf_counter()
         loss, error = self.model.loss_grad(self.w, X, y, self.grad)
         self.ctx.backend.synchronize()
+        if self.cfg.inject.compute_time:
+            time.sleep(self.cfg.inject.compute_time)  # emulated accelerator work: the CPU idles
         t3 = time.perf_counter()
         self.prefetch.release()
         self.push()

@@ -55,6 +55,7 @@ class ServerShard:
         self.blocks = {b.index: self.make_state(b, weights) for b in ctx.blocks_of(self.shard)}
         self.handlers = {Tag.PUSH: self.on_push, Tag.PULL: self.on_pull, Tag.BYE: self.on_bye}
         self.dropped_after_stop = 0
+        self.bytes_in = self.bytes_out = 0
 
     def make_state(self, b: Block, weights: Any) -> BlockState:
         xp, dtype = self.xp, weights.dtype
@@ -97,6 +98,7 @@ class ServerShard:
         st = self.blocks[h.block]
         req = self.ch.bulk.Irecv(st.recv, h.sender, h.block)
         self.waiter.wait(req, lambda: f"gradient payload of block {h.block} from rank {h.sender}")
+        self.bytes_in += st.recv.nbytes
         if st.done:
             self.dropped_after_stop += 1
             return
@@ -161,6 +163,7 @@ class ServerShard:
         else:
             self.reply(h.sender, st, Reply.WEIGHTS)
             st.inflight.append(self.ch.bulk.Isend(st.w, h.sender, st.block.index))
+            self.bytes_out += st.w.nbytes
 
     def reply(self, dest: int, st: BlockState, kind: Reply) -> None:
         Header(Tag.REPLY, st.block.index, st.ts, self.ctx.rank, int(kind)).pack(self.out[0])
@@ -200,6 +203,7 @@ class ServerShard:
 
     def send_snapshot(self, st: BlockState, epoch: int) -> None:
         """Copy the block for the test at an epoch end; the send overlaps later updates."""
+        self.records.send()  # the progress line at this epoch then shows current staleness
         if st.snapshot_req is not None:
             self.waiter.wait(st.snapshot_req, "the previous model snapshot to reach stats")
         self.xp.copyto(st.snapshot, st.w)
@@ -223,6 +227,8 @@ class ServerShard:
             updates=max(s.ts for s in self.blocks.values()),
             dropped_after_stop=self.dropped_after_stop,
             wait_time=self.waiter.waited,
+            bytes_in=self.bytes_in,
+            bytes_out=self.bytes_out,
         )
         self.records.send()
         hdr = Header(Tag.SERVER_BYE, -1, -1, self.ctx.rank).pack(self.out[0])

@@ -17,7 +17,17 @@ from pserver.wire import Header, Tag, WireError, header_buffer
 
 #: dtype of every column the ranks report (schema in docs/stats.md)
 INT32 = {"shard", "learner", "staleness", "n_gradients"}
-INT64 = {"timestamp", "update", "step", "samples", "minibatches", "updates", "dropped_after_stop"}
+INT64 = {
+    "timestamp",
+    "update",
+    "step",
+    "samples",
+    "minibatches",
+    "updates",
+    "dropped_after_stop",
+    "bytes_in",
+    "bytes_out",
+}
 
 
 def column(name: str, values: list[Any]) -> np.ndarray:
