@@ -98,6 +98,8 @@ class InjectConfig:
     """Deterministic slow-downs for experiments (emulate a bigger model, stragglers, delays)."""
 
     compute_time: float = 0.0  # seconds added to every minibatch (the rank sleeps: an idle GPU)
+    fail_learner: int = -1  # raise an exception on this learner (tests the abort path)
+    fail_step: int = 0  # ... at this minibatch
 
 
 @dataclass

@@ -56,6 +56,8 @@ class Learner:
         t1 = time.perf_counter()
         X, y = self.prefetch.get()
         t2 = time.perf_counter()
+        if self.index == self.cfg.inject.fail_learner and self.steps == self.cfg.inject.fail_step:
+            raise RuntimeError(f"failure injected at step {self.steps} (inject.fail_learner)")
         loss, error = self.model.loss_grad(self.w, X, y, self.grad)
         self.ctx.backend.synchronize()
         if self.cfg.inject.compute_time:

@@ -115,6 +115,15 @@ class StatsServer:
         if len(got) == len(self.ctx.blocks):
             del self.models[epoch]
             self.test(epoch, w, max(ts, h.timestamp))
+            self.keep_model(epoch, w, max(ts, h.timestamp))
+
+    def keep_model(self, epoch: int, w: np.ndarray, ts: int) -> None:
+        """The newest tested model stays in the dump as ``model/weights`` (flat vector)."""
+        f = self.writer.file
+        if "model/weights" in f:
+            del f["model/weights"]
+        d = f.create_dataset("model/weights", data=w)
+        d.attrs.update(epoch=epoch, timestamp=ts)
 
     def test(self, epoch: int, w: np.ndarray, ts: int) -> None:
         ds = self.ctx.dataset

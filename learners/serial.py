@@ -1,0 +1,35 @@
+"""Serial SGD on one process: the reference a parallel run with λ = 1 must reproduce.
+
+Same seed, same initial weights, same minibatch stream (one ``BatchSampler``), same update rule
+and learning rate as the parameter server applies with a single learner.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from learners.data import BatchSampler, Dataset
+from learners.models import build_model
+from pserver.config import Config
+from pserver.optim import make_updater
+
+
+def serial_steps(cfg: Config, n_train: int) -> int:
+    """Minibatches a run of ``cfg.run.epochs`` epochs applies (the server stops at that count)."""
+    return math.ceil(cfg.run.epochs * n_train / cfg.data.batch_size)
+
+
+def train_serial(cfg: Config, dataset: Dataset, steps: int | None = None) -> np.ndarray:
+    """Run plain minibatch SGD and return the final flat weight vector."""
+    model = build_model(cfg.model, dataset.n_features, dataset.n_classes, np)
+    w = model.init_params(cfg.run.seed)
+    grad = np.empty_like(w)
+    sampler = BatchSampler(len(dataset.y_train), cfg.data.batch_size, cfg.run.seed)
+    updater = make_updater(cfg.optim, model.n_params, np, w.dtype)
+    for _ in range(serial_steps(cfg, len(dataset.y_train)) if steps is None else steps):
+        idx = sampler.next()
+        model.loss_grad(w, dataset.X_train[idx], dataset.y_train[idx], grad)
+        updater.step(w, grad, cfg.optim.lr)
+    return w

@@ -1,0 +1,427 @@
+#!/usr/bin/env python3
+"""Push/pull throughput of pserver against raw MPI and a naive pickling parameter server.
+
+One server and 1-4 learners with zero compute (``model.kind=null``) push gradients and pull
+weights of a 1, 16 or 64 MiB model, cut into ``blocks.count`` messages, under the async protocol
+(one SGD update per gradient). In the same run the script measures, for the same sizes:
+
+* raw one-way bandwidth of uppercase ``Send``/``Recv`` between two ranks (a ping answered by a
+  tiny ack, repeated; median of the iterations);
+* a naive parameter server that pickles the arrays (lowercase ``send``/``recv``, what many
+  research codes do): rank 0 receives a gradient from any learner, applies ``w -= lr * g`` and
+  sends the pickled weights back.
+
+Both parameter servers are rated by their payload rate at the server:
+``(bytes received + bytes sent) / time`` between the 10th and the last update, so start-up and
+shut-down do not count. The server receives and sends one after the other through a single
+process, so its total payload rate against the *one-way* raw rate says which fraction of the time
+the server keeps the link busy with payload (1.0 = a perfect two-sided server).
+
+This file is both the driver (default) and the MPI programs it launches (``--raw``, ``--naive``).
+Every launch runs under a timeout; each configuration is repeated and the median reported.
+
+Example::
+
+    .venv/bin/python scripts/bench_pushpull.py --sizes 16 --learners 1 --blocks 1 4 8 \\
+        --repeats 3 --json /tmp/pushpull.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+MIB = 2**20
+RESULT = "RESULT "  # prefix of the line a worker prints on rank 0 for the driver
+SKIP = 10  # updates before the timing window opens (the window runs from the 10th to the last)
+LR = 0.01
+
+
+# -- MPI programs (run under mpiexec) -------------------------------------------------------------
+
+
+def reps_for(nbytes: int, seconds: float) -> int:
+    """Iterations that take about ``seconds`` at ~10 GB/s, between 20 and 2000."""
+    return max(20, min(2000, int(seconds * 10e9 / max(nbytes, 1))))
+
+
+def raw_worker(sizes_mib: list[float], seconds: float) -> None:
+    """Rank 0 pings rank 1 with each size and waits for a 1-element ack; median one-way GB/s.
+
+    Both the uppercase buffer path (``Send``/``Recv``) and the pickled path (``send``/``recv`` of a
+    numpy array) are timed, for orientation.
+    """
+    import numpy as np
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() != 2:
+        raise SystemExit("--raw needs exactly 2 ranks")
+    rank, ack = comm.Get_rank(), np.zeros(1, np.int64)
+    out: dict[str, dict[str, float]] = {"raw": {}, "pickled": {}}
+    for mib in sizes_mib:
+        buf = np.ones(int(mib * MIB) // 4, np.float32)
+        n = reps_for(buf.nbytes, seconds)
+        for kind in ("raw", "pickled"):
+            times = []
+            comm.Barrier()
+            for i in range(n + 3):
+                t0 = MPI.Wtime()
+                if rank == 0:
+                    comm.Send(buf, 1, 0) if kind == "raw" else comm.send(buf, 1, 0)
+                    comm.Recv(ack, 1, 1)
+                else:
+                    if kind == "raw":
+                        comm.Recv(buf, 0, 0)
+                    else:
+                        comm.recv(source=0, tag=0)
+                    comm.Send(ack, 0, 1)
+                if i >= 3:  # warm-up iterations excluded
+                    times.append(MPI.Wtime() - t0)
+            if kind == "pickled" and n > 100:
+                n = n // 4  # the pickled path is ~10x slower: keep its share of the run small
+            out[kind][str(mib)] = buf.nbytes / statistics.median(times) / 1e9
+    if rank == 0:
+        print(RESULT + json.dumps(out), flush=True)
+
+
+def naive_worker(size_mib: float, steps: int) -> None:
+    """A parameter server as research codes often write it: pickled arrays, blocking calls.
+
+    Rank 0 performs ``steps`` updates: receive a pickled gradient from any learner, ``w -= lr*g``,
+    send the pickled weights back to that learner. Learner ``i`` pushes and pulls its share.
+    """
+    import numpy as np
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, n_learners = comm.Get_rank(), comm.Get_size() - 1
+    n = int(size_mib * MIB) // 4
+    comm.Barrier()
+    if rank == 0:
+        w, status, times = np.zeros(n, np.float32), MPI.Status(), []
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            g = comm.recv(source=MPI.ANY_SOURCE, tag=0, status=status)
+            w -= LR * g
+            comm.send(w, dest=status.Get_source(), tag=1)
+            times.append(time.perf_counter() - t0)
+        print(RESULT + json.dumps({"times": times, "bytes_per_update": 2 * w.nbytes}), flush=True)
+    else:
+        g = np.full(n, 1e-3, np.float32)
+        mine = steps // n_learners + (rank - 1 < steps % n_learners)
+        for _ in range(mine):
+            comm.send(g, dest=0, tag=0)
+            comm.recv(source=0, tag=1)
+
+
+# -- driver ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One configuration's medians over the repeats, and every repeat's value."""
+
+    size_mib: float
+    learners: int
+    blocks: int
+    steps: int
+    raw_gbs: float = math.nan
+    raw_block_gbs: float = math.nan  # raw one-way at the block (message) size, for reference
+    pickled_gbs: float = math.nan  # pickled one-way, 2 ranks
+    naive_gbs: float = math.nan
+    pserver_gbs: float = math.nan
+    pserver_updates_per_s: float = math.nan
+    naive_runs: list[float] = field(default_factory=list)
+    pserver_runs: list[float] = field(default_factory=list)
+
+    @property
+    def vs_raw(self) -> float:
+        return self.pserver_gbs / self.raw_gbs
+
+    @property
+    def vs_naive(self) -> float:
+        return self.pserver_gbs / self.naive_gbs
+
+
+class Launcher:
+    """Runs mpiexec jobs under a timeout, killing the whole process group when it expires."""
+
+    def __init__(self, mpiexec: str, timeout: float, verbose: bool) -> None:
+        self.mpiexec, self.timeout, self.verbose = mpiexec, timeout, verbose
+        self.env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+    def run(self, n: int, args: list[str]) -> str:
+        cmd = [self.mpiexec, "-n", str(n), *args]
+        if self.verbose:
+            print("  $", " ".join(cmd), file=sys.stderr, flush=True)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=self.env, start_new_session=True,
+        )  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise RuntimeError(f"timed out after {self.timeout:.0f} s: {' '.join(cmd)}") from None
+        if proc.returncode != 0:
+            raise RuntimeError(f"exit {proc.returncode}: {' '.join(cmd)}\n{err[-3000:]}")
+        return out
+
+    def worker(self, n: int, args: list[str]) -> dict[str, Any]:
+        out = self.run(n, [sys.executable, str(Path(__file__).resolve()), *args])
+        lines = [ln for ln in out.splitlines() if ln.startswith(RESULT)]
+        if not lines:
+            raise RuntimeError(f"no result from {args}:\n{out[-2000:]}")
+        return json.loads(lines[-1][len(RESULT) :])
+
+
+def window_rate(times: list[float], bytes_per_update: float) -> float:
+    """Payload GB/s between update number ``SKIP`` and the last one."""
+    if len(times) < SKIP + 5:
+        raise RuntimeError(f"only {len(times)} updates: too few to time; raise --traffic-gib")
+    t = sorted(times)
+    return bytes_per_update * (len(t) - SKIP) / (t[-1] - t[SKIP - 1]) / 1e9
+
+
+def steps_for(size_mib: float, traffic_gib: float, min_steps: int, max_steps: int) -> int:
+    """Updates per run: about ``traffic_gib`` of server payload, within the bounds."""
+    return max(min_steps, min(max_steps, round(traffic_gib * 1024 / (2 * size_mib))))
+
+
+def digits_train_size() -> int:
+    from learners.data import load_dataset
+    from pserver.config import DataConfig
+
+    return len(load_dataset(DataConfig(), 0).y_train)
+
+
+PSERVER_TOML = """\
+[run]
+name = "bench_pushpull"
+out_dir = "{out}"
+epochs = {epochs}
+overwrite = true
+log_level = "warning"
+
+[protocol]
+name = "async"
+
+[optim]
+rule = "sgd"
+lr = {lr}
+weight_decay = 0.0
+
+[model]
+kind = "null"
+size_mib = {size}
+
+[data]
+source = "digits"
+batch_size = {batch}
+
+[blocks]
+count = {blocks}
+
+[stats]
+progress = false
+test_every = 1000000
+"""
+
+
+class PserverBench:
+    """Writes a config for each case, runs pserver-run, and rates the dump."""
+
+    def __init__(self, launcher: Launcher, pserver_run: str, train_size: int, tmp: Path) -> None:
+        self.launcher, self.pserver_run = launcher, pserver_run
+        self.train_size, self.tmp = train_size, tmp
+
+    def config(self, size: float, blocks: int, steps: int, extra: list[str]) -> list[str]:
+        """Arguments of pserver-run for ~``steps`` updates (batch size and epochs chosen)."""
+        if steps <= self.train_size:
+            epochs, batch = 1, max(1, round(self.train_size / steps))
+        else:
+            epochs, batch = math.ceil(steps / self.train_size), 1
+        out = self.tmp / f"ps_{size}_{blocks}"
+        path = self.tmp / f"ps_{size}_{blocks}.toml"
+        path.write_text(
+            PSERVER_TOML.format(
+                out=out, epochs=epochs, lr=LR, size=size, batch=batch, blocks=blocks
+            )
+        )
+        return [self.pserver_run, str(path), *extra]
+
+    def run(self, size: float, learners: int, blocks: int, steps: int, extra: list[str]) -> tuple:
+        """(payload GB/s at the server, updates/s) of one pserver run."""
+        args = self.config(size, blocks, steps, extra)
+        self.launcher.run(3 + learners, args)
+        out = self.tmp / f"ps_{size}_{blocks}"
+        return rate_from_dump(out / "stats.h5")
+
+
+def rate_from_dump(path: Path) -> tuple[float, float]:
+    """(payload GB/s, updates/s) between the 10th and the last update of shard 0."""
+    import h5py
+    import numpy as np
+
+    with h5py.File(path, "r", locking=False) as f:
+        s = f["servers"]
+        total = float(np.sum(s["bytes_in"][:]) + np.sum(s["bytes_out"][:]))
+        n_updates = float(np.sum(s["updates"][:]))
+        times = f["updates/time"][:][f["updates/shard"][:] == 0]
+    per_update = total / n_updates
+    gbs = window_rate(list(times), per_update)
+    return gbs, gbs * 1e9 / per_update
+
+
+def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
+    """Every configuration ``args.repeats`` times, interleaved; medians per configuration."""
+    launcher = Launcher(args.mpiexec, args.timeout, args.verbose)
+    rows = [
+        Row(s, n, b, steps_for(s, args.traffic_gib, args.min_steps, args.max_steps))
+        for s in args.sizes
+        for n in args.learners
+        for b in args.blocks
+    ]
+    msg_sizes = sorted({r.size_mib for r in rows} | {r.size_mib / r.blocks for r in rows})
+    raw_runs: list[dict[str, dict[str, float]]] = []
+    ps_runs: dict[int, list[tuple[float, float]]] = {i: [] for i in range(len(rows))}
+    naive_done: dict[tuple[float, int], list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench_pushpull_") as tmp:
+        bench = PserverBench(launcher, args.pserver_run, digits_train_size(), Path(tmp))
+        for rep in range(args.repeats):
+            log(f"repeat {rep + 1}/{args.repeats}: raw Send/Recv at {msg_sizes} MiB")
+            raw_runs.append(launcher.worker(2, ["--raw", *map(str, msg_sizes)]))
+            for i, r in enumerate(rows):
+                key = (r.size_mib, r.learners)
+                if len(naive_done.setdefault(key, [])) <= rep and not args.no_naive:
+                    log(f"  naive pickle PS: {r.size_mib} MiB, {r.learners} learner(s)")
+                    res = launcher.worker(
+                        1 + r.learners, ["--naive", str(r.size_mib), "--steps", str(r.steps)]
+                    )
+                    naive_done[key].append(window_rate(res["times"], res["bytes_per_update"]))
+                log(f"  pserver: {r.size_mib} MiB, {r.learners} learner(s), {r.blocks} block(s)")
+                ps_runs[i].append(bench.run(r.size_mib, r.learners, r.blocks, r.steps, args.set))
+    for i, r in enumerate(rows):
+        r.raw_gbs = statistics.median(x["raw"][str(r.size_mib)] for x in raw_runs)
+        r.raw_block_gbs = statistics.median(
+            x["raw"][str(r.size_mib / r.blocks)] for x in raw_runs
+        )
+        r.pickled_gbs = statistics.median(x["pickled"][str(r.size_mib)] for x in raw_runs)
+        r.naive_runs = naive_done.get((r.size_mib, r.learners), [])
+        r.naive_gbs = statistics.median(r.naive_runs) if r.naive_runs else math.nan
+        r.pserver_runs = [g for g, _ in ps_runs[i]]
+        r.pserver_gbs = statistics.median(r.pserver_runs)
+        r.pserver_updates_per_s = statistics.median(u for _, u in ps_runs[i])
+    return rows, {"raw_runs": raw_runs}
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+NOTE = """\
+GB/s = payload bytes per second at the server, (received + sent) / time between the 10th and
+the last update; raw = one-way Send/Recv between 2 ranks at the model size (raw@blk: at the block
+size). The server receives and sends through one process, so pserver/raw compares its total
+payload rate with a link kept busy one way all the time: 1.0 would be a perfect two-sided server.
+pickle = the naive parameter server with lowercase send/recv (same SGD update, whole array)."""
+
+
+def table(rows: list[Row], repeats: int) -> str:
+    head = (
+        f"{'MiB':>5} {'learn':>5} {'blocks':>6} {'raw':>6} {'raw@blk':>7} {'pickle':>7} "
+        f"{'pserver':>7} {'upd/s':>7} {'ps/raw':>6} {'ps/pickle':>9}"
+    )
+    lines = [f"medians of {repeats} run(s); GB/s unless noted", head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r.size_mib:>5g} {r.learners:>5d} {r.blocks:>6d} {r.raw_gbs:>6.2f} "
+            f"{r.raw_block_gbs:>7.2f} {r.naive_gbs:>7.2f} {r.pserver_gbs:>7.2f} "
+            f"{r.pserver_updates_per_s:>7.0f} {r.vs_raw:>6.2f} {r.vs_naive:>9.2f}"
+        )
+    return "\n".join([*lines, "", NOTE])
+
+
+def default_tool(name: str) -> str:
+    sibling = Path(sys.executable).with_name(name)
+    return str(sibling) if sibling.exists() else (shutil.which(name) or name)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="The default set (1/16/64 MiB x 1/2/4 learners, 1 block, 1 repeat) takes a few "
+        "minutes on 2 cores. Workers: --raw SIZE... and --naive SIZE (run under mpiexec).",
+    )
+    p.add_argument("--sizes", type=float, nargs="+", default=[1, 16, 64], help="model MiB")
+    p.add_argument("--learners", type=int, nargs="+", default=[1, 2, 4], help="learner counts")
+    p.add_argument("--blocks", type=int, nargs="+", default=[1], help="blocks.count values")
+    p.add_argument("--repeats", type=int, default=1, help="runs per configuration (median)")
+    p.add_argument(
+        "--traffic-gib", type=float, default=6.0, help="server payload per run, sets the steps"
+    )
+    p.add_argument("--min-steps", type=int, default=60, help="fewest updates per run")
+    p.add_argument("--max-steps", type=int, default=4000, help="most updates per run")
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds per mpiexec launch")
+    p.add_argument("--json", type=Path, help="also write the table (and every run) as JSON")
+    p.add_argument("--no-naive", action="store_true", help="skip the pickling parameter server")
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra pserver-run overrides, e.g. comm.poll_max=1e-4",
+    )
+    p.add_argument("--mpiexec", default=default_tool("mpiexec"), help="mpiexec to launch with")
+    p.add_argument("--pserver-run", default=default_tool("pserver-run"), help="pserver-run path")
+    p.add_argument("-v", "--verbose", action="store_true", help="print every command")
+    p.add_argument("--raw", type=float, nargs="+", metavar="MIB", help=argparse.SUPPRESS)
+    p.add_argument("--naive", type=float, metavar="MIB", help=argparse.SUPPRESS)
+    p.add_argument("--steps", type=int, default=100, help=argparse.SUPPRESS)
+    p.add_argument("--raw-seconds", type=float, default=0.3, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if min(args.learners) < 1 or min(args.blocks) < 1 or args.repeats < 1:
+        p.error("--learners, --blocks and --repeats need values >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.raw:
+        raw_worker(args.raw, args.raw_seconds)
+        return 0
+    if args.naive:
+        naive_worker(args.naive, args.steps)
+        return 0
+    t0 = time.monotonic()
+    rows, extra = measure(args)
+    print(table(rows, args.repeats))
+    print(f"({time.monotonic() - t0:.0f} s; {os.cpu_count()} cores)")
+    if args.json:
+        doc = {
+            "argv": sys.argv,
+            "cores": os.cpu_count(),
+            "rows": [dict(asdict(r), pserver_over_raw=r.vs_raw, pserver_over_pickle=r.vs_naive)
+                     for r in rows],
+            **extra,
+        }  # fmt: skip
+        args.json.write_text(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Bad input fails before training on every rank with one message; a crash aborts the job."""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+from mpirun import QUICKSTART, run_job, train
+
+from pserver.stats.reader import load_dump
+
+pytestmark = pytest.mark.mpi
+
+
+def fails(tmp_path, n, *overrides, config=QUICKSTART):
+    res = run_job(n, [str(config), f"run.out_dir={tmp_path}", *overrides], timeout=60)
+    assert res.returncode != 0, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("pserver-run: error:")]
+    assert len(lines) == 1, res.output  # one message, not one per rank
+    assert not (tmp_path / "stats.h5").exists()  # nothing started
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "n, overrides, expected",
+    [
+        (4, ["protocol.bogus=1"], "unknown config key protocol.bogus"),
+        (4, ["optim.lr=fast"], "optim.lr = 'fast': expected a finite number"),
+        (4, ["protocol.name=sometimes"], "expected one of hardsync, softsync, async"),
+        (3, [], "world size 3 does not fit"),
+        (6, ["cluster.learners=4"], "run with mpiexec -n 7"),
+        (5, ["protocol.name=softsync", "protocol.n=3"], "protocol.n = 3 exceeds the 2 learners"),
+        (4, ["data.source=hdf5", "data.path=/no/such/file.h5"], "/no/such/file.h5"),
+    ],
+    ids=[
+        "bad-key",
+        "bad-type",
+        "bad-choice",
+        "too-few-ranks",
+        "learners-mismatch",
+        "n>lambda",
+        "missing-file",
+    ],
+)
+def test_bad_input_one_clear_message(tmp_path, n, overrides, expected):
+    assert expected in fails(tmp_path / "run", n, *overrides)
+
+
+def test_malformed_dataset_and_missing_config(tmp_path):
+    bad = tmp_path / "data.h5"
+    bad.write_text("not hdf5 at all")
+    msg = fails(tmp_path / "run", 4, "data.source=hdf5", f"data.path={bad}")
+    assert str(bad) in msg and "HDF5" in msg
+    msg = fails(tmp_path / "run", 4, config=tmp_path / "nope.toml")
+    assert "does not exist" in msg
+
+
+def test_existing_dump_is_not_overwritten(tmp_path):
+    train(tmp_path, 4, "run.epochs=1")
+    before = (tmp_path / "stats.h5").read_bytes()
+    res = run_job(4, [str(QUICKSTART), f"run.out_dir={tmp_path}", "run.epochs=1"], timeout=60)
+    assert res.returncode != 0 and "run.overwrite=true" in res.stderr
+    assert (tmp_path / "stats.h5").read_bytes() == before
+
+
+def test_exception_on_one_rank_aborts_the_job_naming_rank_and_host(tmp_path):
+    res = run_job(
+        7,
+        [str(QUICKSTART), f"run.out_dir={tmp_path}", "inject.fail_learner=1", "inject.fail_step=3"],
+        timeout=60,
+    )
+    assert res.returncode != 0
+    assert f"rank 4 (learner 1) on {socket.gethostname()} failed" in res.stderr
+    assert "failure injected at step 3" in res.stderr
+
+
+def test_stall_report_names_what_a_rank_waits_for(tmp_path):
+    res = train(tmp_path, 5, "run.epochs=1", "inject.compute_time=0.05", "comm.stall_timeout=0.01")
+    assert "stalled" in res.stderr and "waiting for a push or pull from learners" in res.stderr
+    assert "last received: rank" in res.stderr
+
+
+def test_oversubscribed_ten_ranks_finish_and_every_learner_works(tmp_path):
+    train(tmp_path, 10, "protocol.name=async", "run.epochs=3", timeout=180)
+    dump = load_dump(tmp_path / "stats.h5")
+    learners = dump.group("learners")
+    assert sorted(learners["learner"].tolist()) == list(range(7))
+    assert np.all(learners["minibatches"] > 0)
+    assert dump.attrs["finished"]
