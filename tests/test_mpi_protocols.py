@@ -55,18 +55,22 @@ def test_async_staleness_near_lambda(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "overrides",
+    "servers, overrides",
     [
-        ("protocol.name=hardsync",),
-        ("protocol.name=softsync", "protocol.lr_policy=per-gradient"),
-        ("protocol.name=async", "optim.rule=adagrad", "optim.lr=0.05"),
-        ("protocol.name=softsync", "optim.rule=nesterov", "blocks.count=3"),
+        (1, ("protocol.name=hardsync",)),
+        (1, ("protocol.name=softsync", "protocol.lr_policy=per-gradient")),
+        (1, ("protocol.name=async", "optim.rule=adagrad", "optim.lr=0.05")),
+        (1, ("protocol.name=softsync", "optim.rule=nesterov", "blocks.count=3")),
+        (2, ("protocol.name=hardsync", "blocks.count=2")),
+        (3, ("protocol.name=async", "blocks.split=layer")),
+        (3, ("protocol.name=softsync", "optim.rule=adagrad", "blocks.count=5")),
     ],
-    ids=["hardsync", "softsync-per-gradient", "async-adagrad", "nesterov-3-blocks"],
+    ids=["hardsync", "softsync-per-gradient", "async-adagrad", "nesterov-3-blocks",
+         "2-shards-hardsync", "3-shards-async-by-layer", "3-shards-softsync-adagrad"],
 )
-def test_one_learner_reproduces_serial_sgd(tmp_path, overrides):
-    common = ("run.epochs=2", "optim.weight_decay=0.001", *overrides)
-    train(tmp_path, 4, *common)
+def test_one_learner_reproduces_serial_sgd(tmp_path, servers, overrides):
+    common = ("run.epochs=2", "optim.weight_decay=0.001", f"cluster.servers={servers}", *overrides)
+    train(tmp_path, servers + 3, *common)
     with h5py.File(tmp_path / "stats.h5", "r") as f:
         w_parallel = f["model/weights"][:]
     cfg = load_config(QUICKSTART, list(common))

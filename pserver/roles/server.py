@@ -54,6 +54,7 @@ class ServerShard:
         self.hbuf, self.out = header_buffer(), header_buffer()
         self.blocks = {b.index: self.make_state(b, weights) for b in ctx.blocks_of(self.shard)}
         self.handlers = {Tag.PUSH: self.on_push, Tag.PULL: self.on_pull, Tag.BYE: self.on_bye}
+        self.first_block = min(self.blocks)
         self.dropped_after_stop = 0
         self.bytes_in = self.bytes_out = 0
 
@@ -177,6 +178,8 @@ class ServerShard:
     def record_gradient(
         self, st: BlockState, learner: int, ts: int, sigma: int, accepted: bool
     ) -> None:
+        if st.block.index != self.first_block:
+            return  # every block of a shard sees the same pushes in the same order
         self.records.add(
             "gradients",
             shard=self.shard,
@@ -188,7 +191,7 @@ class ServerShard:
         )
 
     def record_update(self, st: BlockState, d: UpdateDecision, lr: float) -> None:
-        if st.block.index != min(self.blocks):
+        if st.block.index != self.first_block:
             return  # blocks of a shard update together; one row per shard keeps the dump lean
         self.records.add(
             "updates",
