@@ -170,4 +170,8 @@ def build_model(cfg: ModelConfig, n_features: int, n_classes: int, xp: ModuleTyp
 
         n = max(1, int(cfg.size_mib * 2**20) // numpy.dtype(cfg.dtype).itemsize)
         return NullModel(n, n_classes, cfg.dtype, xp)
-    raise ConfigError(f"model.kind = {cfg.kind!r}: expected one of softmax, mlp, null")
+    if cfg.kind == "cnn":
+        from learners.cnn import build_cnn  # lazy: learners.cnn imports this module
+
+        return build_cnn(cfg, n_features, n_classes, xp)
+    raise ConfigError(f"model.kind = {cfg.kind!r}: expected one of softmax, mlp, null, cnn")

@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         world.Abort(1)
+        return 1  # not reached: Abort ends every rank
     return 0
 
 

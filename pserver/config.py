@@ -22,6 +22,9 @@ else:  # pragma: no cover
 
 from pserver.errors import ConfigError
 
+if typing.TYPE_CHECKING:
+    from pserver.inject import InjectPlan
+
 
 @dataclass
 class RunConfig:
@@ -47,6 +50,11 @@ class ProtocolConfig:
     n: int = 1  # softsync: update after floor(lambda / n) gradients
     lr_policy: str = "auto"  # none | mean | per-gradient | auto (hardsync: none, softsync: mean)
     ref_batch: int = 0  # B of sqrt(lambda*mu/B) for hardsync; 0 means data.batch_size
+    c: int = 0  # psp: gradients a block aggregates before it may update (0: all λ learners)
+    tau1: float = 0.0  # psp: seconds a block waits for more gradients after the c-th
+    s: int = 3  # ssp: how many clocks a learner may run ahead of the slowest
+    pull_fraction: float = 1.0  # partial pulling: start computing once this share of blocks is in
+    tau2: float = 0.0  # partial pulling: seconds to wait for more blocks after that share
 
 
 @dataclass
@@ -64,6 +72,7 @@ class ModelConfig:
     hidden: list[int] = field(default_factory=lambda: [64])
     dtype: str = "float32"
     size_mib: float = 1.0  # kind = "null" only: parameters of a zero-compute model
+    channels: list[int] = field(default_factory=lambda: [32, 64])  # kind = "cnn": conv1, conv2
 
 
 @dataclass
@@ -91,12 +100,20 @@ class CommConfig:
     stall_timeout: float = 60.0  # seconds before a waiting rank logs what it waits for
     poll_min: float = 1e-5  # back-off of an idle wait, seconds (FACTS.md: 10 us -> 1 ms)
     poll_max: float = 1e-3
+    staging: str = "auto"  # auto: host staging only for GPU buffers without CUDA-aware MPI
+    cuda_aware: str = "auto"  # auto | yes | no: whether MPI may read GPU buffers directly
 
 
 @dataclass
 class InjectConfig:
-    """Deterministic slow-downs for experiments (emulate a bigger model, stragglers, delays)."""
+    """Deterministic slow-downs for experiments (same names as ``pserver.inject.InjectPlan``)."""
 
+    pull_delay_prob: float = 0.0  # each pull reply is delayed with this probability ...
+    pull_delay: float = 0.0  # ... by this many seconds (PSP-SGD §4.2: 0.0016 and 4 s)
+    slow_server: int = -1  # this shard handles every message server_factor times slower
+    server_factor: float = 1.0
+    slow_learner: int = -1  # this learner computes learner_factor times longer
+    learner_factor: float = 1.0
     compute_time: float = 0.0  # seconds added to every minibatch (the rank sleeps: an idle GPU)
     fail_learner: int = -1  # raise an exception on this learner (tests the abort path)
     fail_step: int = 0  # ... at this minibatch
@@ -129,14 +146,16 @@ class Config:
 CHOICES: dict[str, tuple[str, ...]] = {
     "run.device": ("cpu", "gpu", "auto"),
     "run.log_level": ("debug", "info", "warning", "error"),
-    "protocol.name": ("hardsync", "softsync", "async"),
+    "protocol.name": ("hardsync", "softsync", "async", "psp", "ssp"),
     "protocol.lr_policy": ("auto", "none", "mean", "per-gradient"),
     "optim.rule": ("sgd", "momentum", "nesterov", "adagrad"),
-    "model.kind": ("softmax", "mlp", "null"),
+    "model.kind": ("softmax", "mlp", "null", "cnn"),
     "model.dtype": ("float32", "float64"),
     "data.source": ("digits", "synthetic", "hdf5"),
     "blocks.split": ("size", "layer"),
     "comm.mode": ("blocking",),
+    "comm.staging": ("auto", "always", "never"),
+    "comm.cuda_aware": ("auto", "yes", "no"),
 }
 
 POSITIVE = {
@@ -264,6 +283,11 @@ def validate(cfg: Config) -> Config:
     for key in NON_NEGATIVE:
         if not get(cfg, key) >= 0:
             raise ConfigError(f"{key} = {get(cfg, key)!r}: expected a value >= 0")
+    if not 0.0 < cfg.protocol.pull_fraction <= 1.0:
+        raise ConfigError(
+            f"protocol.pull_fraction = {cfg.protocol.pull_fraction!r}: expected a share in (0, 1]"
+        )
+    inject_plan(cfg).validate()
     if cfg.cluster.tree_fanout == 1:
         raise ConfigError("cluster.tree_fanout = 1: expected 0 (flat) or a fan-out >= 2")
     if not 0.0 < cfg.data.test_fraction < 1.0:
@@ -279,3 +303,15 @@ def validate(cfg: Config) -> Config:
             f"comm.poll_min = {cfg.comm.poll_min} exceeds comm.poll_max = {cfg.comm.poll_max}"
         )
     return cfg
+
+
+def inject_plan(cfg: Config) -> InjectPlan:
+    """The injection plan of ``[inject]``, seeded by ``run.seed``."""
+    from pserver.inject import InjectPlan
+
+    i = cfg.inject
+    return InjectPlan(
+        seed=cfg.run.seed, pull_delay_prob=i.pull_delay_prob, pull_delay=i.pull_delay,
+        slow_server=i.slow_server, server_factor=i.server_factor, slow_learner=i.slow_learner,
+        learner_factor=i.learner_factor, compute_time=i.compute_time,
+    )

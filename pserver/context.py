@@ -88,7 +88,7 @@ def prepare(
     dataset = load_dataset(cfg.data, cfg.run.seed)
     backend = select_backend("cpu", 0, 1)
     if layout.role(rank) in (Role.LEARNER, Role.SERVER):
-        backend = select_backend(cfg.run.device, *local)
+        backend = select_backend(cfg.run.device, *local, cfg.comm.cuda_aware)
     model = build_model(cfg.model, dataset.n_features, dataset.n_classes, backend.xp)
     blocks = split_blocks(
         model.n_params, model.layer_sizes, cfg.blocks.split, cfg.blocks.count, cfg.cluster.servers

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pserver.config import Config
 from pserver.errors import ConfigError, TopologyError
 
+MAX_BLOCKS = 30000  # replies are tagged 1000 + block; MPI guarantees tags up to 32767
+
 
 @enum.unique
 class Role(enum.Enum):
@@ -113,6 +115,8 @@ def split_blocks(
             raise ConfigError(f"blocks.count = {count} exceeds the {n_params} model parameters")
         bounds = [n_params * i // count for i in range(count + 1)]
     n_blocks = len(bounds) - 1
+    if n_blocks > MAX_BLOCKS:
+        raise ConfigError(f"{n_blocks} blocks exceed the {MAX_BLOCKS} that MPI tags can address")
     if n_blocks < n_servers:
         raise ConfigError(
             f"{n_blocks} parameter block(s) cannot feed cluster.servers = {n_servers} shards: "

@@ -71,6 +71,14 @@ class Header:
         return f"{self.kind.name}(block={self.block}, ts={self.timestamp}, aux={aux})"
 
 
+REPLY_TAG_BASE = 1000  # MPI tag of a reply = base + block: replies to one learner overtake
+# each other (a held pull answers late), so each block's reply must match its own receive
+
+
+def reply_tag(block: int) -> int:
+    return REPLY_TAG_BASE + block
+
+
 def header_buffer(n: int = 1) -> np.ndarray:
     """Preallocated room for ``n`` headers (one row each)."""
     return np.zeros((n, HEADER_WORDS), dtype=np.int64)

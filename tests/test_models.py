@@ -120,7 +120,7 @@ def test_softmax_is_stable_for_huge_logits():
 @pytest.mark.parametrize(
     "cfg, fragment",
     [
-        (ModelConfig(kind="cnn"), "model.kind = 'cnn'"),
+        (ModelConfig(kind="resnet"), "model.kind = 'resnet'"),
         (ModelConfig(dtype="float16"), "model.dtype = 'float16'"),
         (ModelConfig(hidden=[0]), "model.hidden"),
     ],

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pserver.config import Config
 from pserver.errors import ConfigError
 from pserver.protocols.base import Arrival, GradientDecision, Protocol, UpdateDecision
+from pserver.protocols.psp import PartialPush
 from pserver.protocols.rudra import Hardsync, Softsync
+from pserver.protocols.ssp import StaleSynchronous
 
 __all__ = ["Arrival", "GradientDecision", "Protocol", "UpdateDecision", "make_protocol"]
 
@@ -13,14 +15,24 @@ __all__ = ["Arrival", "GradientDecision", "Protocol", "UpdateDecision", "make_pr
 def make_protocol(cfg: Config, n_learners: int) -> Protocol:
     """The protocol object for one block, from ``[protocol]`` and the learner count λ."""
     p = cfg.protocol
+    if p.name in ("hardsync", "psp") and p.lr_policy not in ("auto", "none"):
+        raise ConfigError(
+            f"protocol.lr_policy = {p.lr_policy!r} does not apply to {p.name} (σ is always 0)"
+            "; use \"auto\" or \"none\""
+        )
     if p.name == "hardsync":
-        if p.lr_policy not in ("auto", "none"):
-            raise ConfigError(
-                f"protocol.lr_policy = {p.lr_policy!r} does not apply to hardsync (σ is always 0)"
-                '; use "auto" or "none"'
-            )
         return Hardsync(n_learners, cfg.data.batch_size, p.ref_batch or cfg.data.batch_size)
+    if p.name == "psp":
+        c = p.c or n_learners
+        if c > n_learners:
+            raise ConfigError(
+                f"protocol.c = {c} exceeds the {n_learners} learners: partial pushing needs "
+                "1 <= c <= λ (0 means λ)"
+            )
+        return PartialPush(n_learners, c, p.tau1)
     policy = "mean" if p.lr_policy == "auto" else p.lr_policy
+    if p.name == "ssp":
+        return StaleSynchronous(n_learners, p.s, policy)
     n = n_learners if p.name == "async" else p.n
     if n > n_learners:
         raise ConfigError(

@@ -68,8 +68,20 @@ class Protocol(abc.ABC):
         """Accept or drop one gradient arriving while the weights are at ``server_ts``."""
 
     @abc.abstractmethod
-    def ready(self) -> bool:
-        """Whether enough gradients were accepted for an update."""
+    def ready(self, now: float | None = None) -> bool:
+        """Whether enough gradients were accepted for an update (at time ``now``)."""
+
+    def deadline(self) -> float | None:
+        """When ``ready`` turns true with no further arrival (a timeout); None: arrivals only."""
+        return None
+
+    def pull_ready(self, learner: int) -> bool:
+        """Whether a pull of ``learner`` may be answered now (SSP holds those too far ahead)."""
+        return True
+
+    def retire(self, learner: int) -> None:
+        """``learner`` has finished: it must no longer hold anything back."""
+        del learner  # most protocols keep no per-learner state
 
     @abc.abstractmethod
     def commit(self, server_ts: int) -> UpdateDecision:

@@ -34,7 +34,7 @@ class Hardsync(Protocol):
         self.pending.add(arrival)
         return GradientDecision(True, sigma)
 
-    def ready(self) -> bool:
+    def ready(self, now: float | None = None) -> bool:
         return len(self.pending) == self.n_learners
 
     def commit(self, server_ts: int) -> UpdateDecision:
@@ -65,7 +65,7 @@ class Softsync(Protocol):
         self.pending.add(arrival)
         return GradientDecision(True, sigma, weight)
 
-    def ready(self) -> bool:
+    def ready(self, now: float | None = None) -> bool:
         return len(self.pending) >= self.count
 
     def commit(self, server_ts: int) -> UpdateDecision:

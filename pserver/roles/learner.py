@@ -3,6 +3,11 @@
 Weights arrive in a communication buffer whose receives stay posted between iterations; a pull
 that brings every block installs the model by swapping that buffer with the compute buffer
 (no copy). The minibatches come from an I/O thread that prefetches from the data server.
+
+Partial pulling (PSP-SGD Algorithm 1, worker lines 7-15): the learner may start computing once
+``protocol.pull_fraction`` of the blocks it asked for are in (plus ``protocol.tau2``), keeping
+its previous copy of the others. A reply that misses the iteration stays outstanding and is
+picked up by a later one; no request is sent twice.
 """
 
 from __future__ import annotations
@@ -12,10 +17,14 @@ from typing import Any
 
 from mpi4py import MPI
 
+from pserver.comm.payload import Payloads
+from pserver.config import inject_plan
 from pserver.context import Context
+from pserver.partial_pull import PartialPull
 from pserver.protocols import make_protocol
 from pserver.roles.prefetch import Prefetcher
-from pserver.wire import Header, Reply, Tag, WireError, header_buffer
+from pserver.topology import Block
+from pserver.wire import Header, Reply, Tag, WireError, header_buffer, reply_tag
 
 
 class Learner:
@@ -27,16 +36,23 @@ class Learner:
         self.records = ctx.records()
         self.model = ctx.model
         self.blocks = ctx.blocks
+        self.by_index = {b.index: b for b in self.blocks}
         self.owner = {b.index: ctx.layout.servers[b.shard] for b in self.blocks}
         self.w = self.xp.asarray(weights)  # compute buffer, replaced on the first pull
         self.w_comm = self.xp.empty_like(self.w)
         self.grad = self.xp.empty_like(self.w)
+        self.payloads = Payloads(ctx.backend, self.blocks, self.w.dtype, self.cfg.comm.staging)
         self.have = {b.index: -1 for b in self.blocks}  # timestamp of each block we hold
         self.stopped: set[int] = set()
-        self.posted: dict[int, MPI.Request] = {}
+        self.posted: dict[int, MPI.Request] = {}  # weight payload receives, into w_comm
+        self.asked: dict[int, MPI.Request] = {}  # reply headers still outstanding
         self.replies = header_buffer(len(self.blocks))
         self.out = header_buffer()
         self.waits_for_update = make_protocol(self.cfg, len(ctx.layout.learners)).waits_for_update
+        p = self.cfg.protocol
+        self.partial = PartialPull(len(self.blocks), p.pull_fraction, p.tau2)
+        self.extra_compute = inject_plan(self.cfg).compute_time_for(self.index)
+        self.slow = self.index == self.cfg.inject.slow_learner
         self.steps = 0
         self.compute_time = 0.0
         self.prefetch = Prefetcher(ctx)
@@ -56,12 +72,7 @@ class Learner:
         t1 = time.perf_counter()
         X, y = self.prefetch.get()
         t2 = time.perf_counter()
-        if self.index == self.cfg.inject.fail_learner and self.steps == self.cfg.inject.fail_step:
-            raise RuntimeError(f"failure injected at step {self.steps} (inject.fail_learner)")
-        loss, error = self.model.loss_grad(self.w, X, y, self.grad)
-        self.ctx.backend.synchronize()
-        if self.cfg.inject.compute_time:
-            time.sleep(self.cfg.inject.compute_time)  # emulated accelerator work: the CPU idles
+        self.compute(X, y)
         t3 = time.perf_counter()
         self.prefetch.release()
         self.push()
@@ -72,55 +83,94 @@ class Learner:
             learner=self.index,
             step=self.steps,
             time=self.ctx.now(),
-            loss=loss,
-            error=error,
+            loss=self.loss,
+            error=self.error,
             compute_time=t3 - t2,
             wait_time=(t1 - t0) + (t2 - t1) + (t4 - t3),
+            pull_time=t1 - t0,
+            push_time=t4 - t3,
+            stale_fraction=self.partial.stale_fraction,
+            dropped_blocks=self.partial.dropped,
         )
         self.steps += 1
         return True
+
+    def compute(self, X: Any, y: Any) -> None:
+        if self.index == self.cfg.inject.fail_learner and self.steps == self.cfg.inject.fail_step:
+            raise RuntimeError(f"failure injected at step {self.steps} (inject.fail_learner)")
+        started = time.perf_counter()
+        self.loss, self.error = self.model.loss_grad(self.w, X, y, self.grad)
+        self.ctx.backend.synchronize()
+        extra = self.extra_compute  # emulated accelerator work: the CPU idles
+        if self.slow:  # an injected straggler also takes longer for its real compute
+            extra += (self.cfg.inject.learner_factor - 1.0) * (time.perf_counter() - started)
+        if extra > 0.0:
+            time.sleep(extra)
 
     # -- pull --------------------------------------------------------------------------------
 
     def pull(self) -> bool:
         """Ask each live block for weights newer than ours; False once every block has stopped."""
         live = [b for b in self.blocks if b.index not in self.stopped]
+        # hardsync and PSP: each block must be newer than the copy we computed with last time
+        wanted = {b.index: self.oldest(b) for b in live}
+        self.partial.start(self.ctx.now(), wanted)
         for b in live:
-            self.post_payload(b)
-        reqs = []
-        for i, b in enumerate(live):
-            oldest = self.have[b.index] + 1 if self.waits_for_update else 0
-            hdr = Header(Tag.PULL, b.index, self.have[b.index], self.ctx.rank, oldest)
-            self.ch.ctrl.Send(hdr.pack(self.out[0]), self.owner[b.index], Tag.PULL)
-            reqs.append(self.ch.ctrl.Irecv(self.replies[i], self.owner[b.index], Tag.REPLY))
-        self.waiter.waitall(reqs, lambda: f"weights of blocks {[b.index for b in live]}")
-        fresh = []
-        for i, b in enumerate(live):
-            h = Header.unpack(self.replies[i])
-            self.ctx.peers.note(h.sender, h)
-            if h.kind is not Tag.REPLY or h.block != b.index:
-                raise WireError(f"learner expected a reply for block {b.index}, got {h}")
-            if h.aux == Reply.STOP:
-                self.stopped.add(b.index)
-            elif h.aux == Reply.WEIGHTS:
-                req = self.posted.pop(b.index)
-                self.waiter.wait(req, f"weights payload of block {b.index}")
-                self.have[b.index] = h.timestamp
-                fresh.append(b)
+            if b.index not in self.asked:
+                self.ask(b)
+        fresh: list[Block] = []
+
+        def done() -> bool:
+            for index, req in list(self.asked.items()):
+                if req.Test():
+                    del self.asked[index]
+                    self.on_reply(self.by_index[index], fresh)
+            return not self.asked or self.partial.ready(self.ctx.now())
+
+        self.waiter.until(done, lambda: f"weights of blocks {sorted(self.asked)}")
         self.install(fresh)
         return len(self.stopped) < len(self.blocks)
 
-    def post_payload(self, b: Any) -> None:
-        """Keep one receive posted per block, into the communication buffer."""
-        if b.index not in self.posted:
-            view = self.w_comm[b.start : b.stop]
-            self.posted[b.index] = self.ch.bulk.Irecv(view, self.owner[b.index], b.index)
+    def oldest(self, b: Block) -> int:
+        return self.have[b.index] + 1 if self.waits_for_update else 0
 
-    def install(self, fresh: list[Any]) -> None:
-        if len(fresh) == len(self.blocks):
+    def ask(self, b: Block) -> None:
+        """Send a pull request (Rudra's timestamp inquiry) and post receives for the answer."""
+        if b.index not in self.posted:
+            buf = self.payloads.incoming(b.index, self.w_comm[b.start : b.stop])
+            self.posted[b.index] = self.ch.bulk.Irecv(buf, self.owner[b.index], b.index)
+        hdr = Header(Tag.PULL, b.index, self.have[b.index], self.ctx.rank, self.oldest(b))
+        self.ch.ctrl.Send(hdr.pack(self.out[0]), self.owner[b.index], Tag.PULL)
+        row = self.replies[self.blocks.index(b)]
+        self.asked[b.index] = self.ch.ctrl.Irecv(row, self.owner[b.index], reply_tag(b.index))
+
+    def on_reply(self, b: Block, fresh: list[Block]) -> None:
+        h = Header.unpack(self.replies[self.blocks.index(b)])
+        self.ctx.peers.note(h.sender, h)
+        if h.kind is not Tag.REPLY or h.block != b.index:
+            raise WireError(f"learner expected a reply for block {b.index}, got {h}")
+        now = self.ctx.now()
+        if h.aux == Reply.STOP:
+            self.stopped.add(b.index)
+        elif h.aux == Reply.CURRENT:
+            self.partial.on_block(b.index, h.timestamp, now)
+        elif h.aux == Reply.WEIGHTS:
+            req = self.posted.pop(b.index)
+            self.waiter.wait(req, f"weights payload of block {b.index}")
+            self.payloads.arrived(b.index, self.w_comm[b.start : b.stop])
+            if self.partial.on_block(b.index, h.timestamp, now):
+                self.have[b.index] = h.timestamp
+                fresh.append(b)
+            elif b.index not in self.stopped:  # older than this iteration needs: ask again
+                self.ask(b)
+        else:
+            raise WireError(f"unknown reply {h}")
+
+    def install(self, fresh: list[Block]) -> None:
+        if len(fresh) == len(self.blocks) and not self.posted:
             self.w, self.w_comm = self.w_comm, self.w  # whole new model: pointer swap
             return
-        for b in fresh:  # some blocks only: copy them, the rest of w_comm is not ours to touch
+        for b in fresh:  # some blocks only: copy them; receives may still target w_comm
             self.xp.copyto(self.w[b.start : b.stop], self.w_comm[b.start : b.stop])
 
     # -- push --------------------------------------------------------------------------------
@@ -133,14 +183,20 @@ class Learner:
                 continue
             hdr = Header(Tag.PUSH, b.index, self.have[b.index], self.ctx.rank)
             self.ch.ctrl.Send(hdr.pack(self.out[0]), self.owner[b.index], Tag.PUSH)
-            reqs.append(
-                self.ch.bulk.Isend(self.grad[b.start : b.stop], self.owner[b.index], b.index)
-            )
+            buf = self.payloads.outgoing(b.index, self.grad[b.start : b.stop])
+            reqs.append(self.ch.bulk.Isend(buf, self.owner[b.index], b.index))
         self.waiter.waitall(reqs, "gradient pushes to be delivered")
 
     # -- end ---------------------------------------------------------------------------------
 
     def finish(self) -> None:
+        """Collect late replies, cancel the idle receives, and say goodbye to everyone."""
+        late: list[Block] = []
+        while self.asked:
+            index, req = next(iter(self.asked.items()))
+            self.waiter.wait(req, f"the late reply of block {index}")
+            del self.asked[index]
+            self.on_reply(self.by_index[index], late)
         for req in self.posted.values():
             req.Cancel()
         MPI.Request.Waitall(list(self.posted.values()))

@@ -7,17 +7,22 @@ decisions live in the protocol object; this file only moves messages between the
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from mpi4py import MPI
 
+from pserver.comm.payload import Payloads
 from pserver.comm.waiting import Waiter
+from pserver.config import inject_plan
 from pserver.context import Context
 from pserver.optim import make_updater
 from pserver.protocols import Arrival, Protocol, UpdateDecision, make_protocol
 from pserver.topology import Block
-from pserver.wire import Header, Reply, Tag, WireError, header_buffer
+from pserver.wire import Header, Reply, Tag, WireError, header_buffer, reply_tag
 
 
 @dataclass
@@ -35,6 +40,9 @@ class BlockState:
     applied: int = 0  # gradients that entered an update
     in_round: int = 0  # gradients accumulated into ``accum`` this round
     done: bool = False
+    dropped: int = 0  # gradients the protocol refused
+    outgoing: Any = None  # what MPI sends the weights from (``w`` itself, or its host mirror)
+    staged_ts: int = -1
     next_epoch: int = 1
     waiting_pulls: list[Header] = field(default_factory=list)
     inflight: list[MPI.Request] = field(default_factory=list)  # sends reading ``w``
@@ -53,10 +61,16 @@ class ServerShard:
         self.total_samples = self.cfg.run.epochs * ctx.train_size
         self.hbuf, self.out = header_buffer(), header_buffer()
         self.blocks = {b.index: self.make_state(b, weights) for b in ctx.blocks_of(self.shard)}
+        mine = ctx.blocks_of(self.shard)
+        self.payloads = Payloads(ctx.backend, mine, weights.dtype, self.cfg.comm.staging)
         self.handlers = {Tag.PUSH: self.on_push, Tag.PULL: self.on_pull, Tag.BYE: self.on_bye}
         self.first_block = min(self.blocks)
         self.dropped_after_stop = 0
         self.bytes_in = self.bytes_out = 0
+        self.plan = inject_plan(self.cfg)
+        self.pulls = [0] * len(ctx.layout.learners)  # pull requests per learner (delay draws)
+        self.delayed: list[tuple[float, int, Header]] = []  # heap of replies held back
+        self.sequence = itertools.count()
 
     def make_state(self, b: Block, weights: Any) -> BlockState:
         xp, dtype = self.xp, weights.dtype
@@ -77,38 +91,84 @@ class ServerShard:
             sorted(self.blocks),
             next(iter(self.blocks.values())).protocol.describe(),
         )
+        req = None
         while self.live:
-            header = self.next_header()
-            handler = self.handlers.get(header.kind)
-            if handler is None:
-                raise WireError(f"server got unexpected {header} from rank {header.sender}")
-            handler(header)
+            if req is None:
+                req = self.ch.ctrl.Irecv(self.hbuf, MPI.ANY_SOURCE, MPI.ANY_TAG)
+            if self.wait_for(req):
+                req = None
+                header = Header.unpack(self.hbuf[0])
+                self.ctx.peers.note(header.sender, header)
+                handler = self.handlers.get(header.kind)
+                if handler is None:
+                    raise WireError(f"server got unexpected {header} from rank {header.sender}")
+                started = time.perf_counter()
+                handler(header)
+                self.slow_down(time.perf_counter() - started)
+            self.on_time()
             self.records.maybe_send()
+        if req is not None:
+            req.Cancel()
+            req.Wait()
         self.finish()
 
-    def next_header(self) -> Header:
-        req = self.ch.ctrl.Irecv(self.hbuf, MPI.ANY_SOURCE, MPI.ANY_TAG)
-        self.waiter.wait(req, lambda: f"a push or pull from learners {sorted(self.live)}")
-        header = Header.unpack(self.hbuf[0])
-        self.ctx.peers.note(header.sender, header)
-        return header
+    def wait_for(self, req: MPI.Request) -> bool:
+        """Wait for the next header, or until a timeout is due; True when a header arrived."""
+        what = lambda: f"a push or pull from learners {sorted(self.live)}"  # noqa: E731
+        due = self.next_due()
+        if due is None:
+            self.waiter.wait(req, what)
+            return True
+        arrived = False
+
+        def done() -> bool:
+            nonlocal arrived
+            arrived = req.Test()
+            return arrived or self.ctx.now() >= due
+
+        self.waiter.until(done, what)
+        return arrived
+
+    def next_due(self) -> float | None:
+        """The earliest protocol timeout (PSP's τ1) or injected delayed reply."""
+        dues = [d for st in self.blocks.values() if (d := st.protocol.deadline()) is not None]
+        if self.delayed:
+            dues.append(self.delayed[0][0])
+        return min(dues, default=None)
+
+    def on_time(self) -> None:
+        now = self.ctx.now()
+        for st in self.blocks.values():
+            if st.protocol.deadline() is not None and st.protocol.ready(now):
+                self.update(st)
+        while self.delayed and self.delayed[0][0] <= now:
+            self.answer(heapq.heappop(self.delayed)[2])
+
+    def slow_down(self, elapsed: float) -> None:
+        """Injected straggler shard: stretch the handling time by ``inject.server_factor``."""
+        factor = self.plan.server_slowdown(self.shard)
+        if factor > 1.0:
+            time.sleep((factor - 1.0) * elapsed)
 
     # -- pushes ------------------------------------------------------------------------------
 
     def on_push(self, h: Header) -> None:
         st = self.blocks[h.block]
-        req = self.ch.bulk.Irecv(st.recv, h.sender, h.block)
+        req = self.ch.bulk.Irecv(self.payloads.incoming(h.block, st.recv), h.sender, h.block)
         self.waiter.wait(req, lambda: f"gradient payload of block {h.block} from rank {h.sender}")
+        self.payloads.arrived(h.block, st.recv)
         self.bytes_in += st.recv.nbytes
         if st.done:
             self.dropped_after_stop += 1
             return
         learner = self.ctx.layout.index(h.sender)
-        decision = st.protocol.on_gradient(Arrival(learner, h.timestamp), st.ts)
+        decision = st.protocol.on_gradient(Arrival(learner, h.timestamp, self.ctx.now()), st.ts)
         self.record_gradient(st, learner, h.timestamp, decision.staleness, decision.accept)
         if decision.accept:
             self.accumulate(st, decision.weight)
-        if st.protocol.ready():
+        else:
+            st.dropped += 1
+        if st.protocol.ready(self.ctx.now()):
             self.update(st)
 
     def accumulate(self, st: BlockState, weight: float) -> None:
@@ -146,32 +206,58 @@ class ServerShard:
                 self.send_snapshot(st, epoch)
         if samples >= self.total_samples:
             st.done = True
+        self.answer_waiting(st)
+
+    def answer_waiting(self, st: BlockState) -> None:
         waiting, st.waiting_pulls = st.waiting_pulls, []
         for h in waiting:
-            self.on_pull(h)
+            self.answer(h)
 
     # -- pulls -------------------------------------------------------------------------------
 
     def on_pull(self, h: Header) -> None:
-        """Rudra's timestamp inquiry: weights go out only when newer than the learner's copy."""
+        learner = self.ctx.layout.index(h.sender)
+        delay = self.plan.pull_delay_for(self.shard, learner, self.pulls[learner])
+        self.pulls[learner] += 1
+        if delay > 0.0:  # a rare, large delay of this reply only (PSP-SGD §4.2)
+            due = self.ctx.now() + delay
+            heapq.heappush(self.delayed, (due, next(self.sequence), h))
+            self.records.add(
+                "delays", shard=self.shard, learner=learner, block=h.block, time=self.ctx.now(),
+                delay=delay,
+            )
+            return
+        self.answer(h)
+
+    def answer(self, h: Header) -> None:
+        """Rudra's timestamp inquiry: weights go out only when newer than the learner's copy.
+
+        A pull is held while the block is older than the learner asks for (hardsync and PSP:
+        the next update) or while the protocol holds the learner back (SSP's bound).
+        """
         st = self.blocks[h.block]
         if st.done:
             self.reply(h.sender, st, Reply.STOP)
-        elif st.ts < h.aux:  # hardsync: the learner wants the next update; answer after it
+        elif st.ts < h.aux or not st.protocol.pull_ready(self.ctx.layout.index(h.sender)):
             st.waiting_pulls.append(h)
         elif st.ts == h.timestamp:
             self.reply(h.sender, st, Reply.CURRENT)
         else:
             self.reply(h.sender, st, Reply.WEIGHTS)
-            st.inflight.append(self.ch.bulk.Isend(st.w, h.sender, st.block.index))
+            if st.staged_ts != st.ts:  # stage once per update, however many learners pull it
+                st.outgoing, st.staged_ts = self.payloads.outgoing(st.block.index, st.w), st.ts
+            st.inflight.append(self.ch.bulk.Isend(st.outgoing, h.sender, st.block.index))
             self.bytes_out += st.w.nbytes
 
     def reply(self, dest: int, st: BlockState, kind: Reply) -> None:
         Header(Tag.REPLY, st.block.index, st.ts, self.ctx.rank, int(kind)).pack(self.out[0])
-        self.ch.ctrl.Send(self.out[0], dest, Tag.REPLY)
+        self.ch.ctrl.Send(self.out[0], dest, reply_tag(st.block.index))
 
     def on_bye(self, h: Header) -> None:
         self.live.discard(h.sender)
+        for st in self.blocks.values():
+            st.protocol.retire(self.ctx.layout.index(h.sender))
+            self.answer_waiting(st)
 
     # -- statistics --------------------------------------------------------------------------
 
@@ -233,6 +319,11 @@ class ServerShard:
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
         )
+        for st in self.blocks.values():
+            self.records.add(
+                "blocks", block=st.block.index, shard=self.shard, timestamp=st.ts,
+                applied=st.applied, dropped=st.dropped, size=st.block.size,
+            )
         self.records.send()
         hdr = Header(Tag.SERVER_BYE, -1, -1, self.ctx.rank).pack(self.out[0])
         self.ch.stats.Send(hdr, self.ctx.layout.stats, Tag.SERVER_BYE)

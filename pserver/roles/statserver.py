@@ -16,7 +16,7 @@ from pserver.stats.writer import StatsWriter
 from pserver.wire import Header, Tag, WireError, header_buffer
 
 #: dtype of every column the ranks report (schema in docs/stats.md)
-INT32 = {"shard", "learner", "staleness", "n_gradients"}
+INT32 = {"shard", "learner", "staleness", "n_gradients", "block", "dropped_blocks"}
 INT64 = {
     "timestamp",
     "update",
