@@ -217,14 +217,15 @@ class ServerShard:
 
     def on_pull(self, h: Header) -> None:
         learner = self.ctx.layout.index(h.sender)
-        delay = self.plan.pull_delay_for(self.shard, learner, self.pulls[learner])
+        request = self.pulls[learner]
         self.pulls[learner] += 1
+        delay = self.plan.pull_delay_for(self.shard, learner, request)
         if delay > 0.0:  # a rare, large delay of this reply only (PSP-SGD §4.2)
             due = self.ctx.now() + delay
             heapq.heappush(self.delayed, (due, next(self.sequence), h))
             self.records.add(
-                "delays", shard=self.shard, learner=learner, block=h.block, time=self.ctx.now(),
-                delay=delay,
+                "delays", shard=self.shard, learner=learner, block=h.block, request=request,
+                time=self.ctx.now(), delay=delay,
             )
             return
         self.answer(h)
