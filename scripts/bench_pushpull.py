@@ -317,9 +317,7 @@ def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
                 ps_runs[i].append(bench.run(r.size_mib, r.learners, r.blocks, r.steps, args.set))
     for i, r in enumerate(rows):
         r.raw_gbs = statistics.median(x["raw"][str(r.size_mib)] for x in raw_runs)
-        r.raw_block_gbs = statistics.median(
-            x["raw"][str(r.size_mib / r.blocks)] for x in raw_runs
-        )
+        r.raw_block_gbs = statistics.median(x["raw"][str(r.size_mib / r.blocks)] for x in raw_runs)
         r.pickled_gbs = statistics.median(x["pickled"][str(r.size_mib)] for x in raw_runs)
         r.naive_runs = naive_done.get((r.size_mib, r.learners), [])
         r.naive_gbs = statistics.median(r.naive_runs) if r.naive_runs else math.nan

@@ -28,14 +28,25 @@ def test_partial_push_drops_exactly_the_late_gradients(tmp_path):
     blocks = dump.group("blocks")
     assert blocks["dropped"].sum() == dropped.sum()
     pushes = dump.group("learners")["minibatches"].sum()
-    assert accepted.sum() + dropped.sum() + dump.group("servers")["dropped_after_stop"].sum() == pushes
+    assert (
+        accepted.sum() + dropped.sum() + dump.group("servers")["dropped_after_stop"].sum() == pushes
+    )
 
 
 def test_partial_pull_keeps_training_past_a_slow_shard(tmp_path):
     train(
-        tmp_path, 8, "protocol.name=psp", "protocol.c=3", "protocol.pull_fraction=0.5",
-        "cluster.servers=2", "blocks.count=4", "inject.slow_server=1", "inject.server_factor=30",
-        "run.epochs=3", COMPUTE, timeout=180,
+        tmp_path,
+        8,
+        "protocol.name=psp",
+        "protocol.c=3",
+        "protocol.pull_fraction=0.5",
+        "cluster.servers=2",
+        "blocks.count=4",
+        "inject.slow_server=1",
+        "inject.server_factor=30",
+        "run.epochs=3",
+        COMPUTE,
+        timeout=180,
     )
     dump = load_dump(tmp_path / "stats.h5")
     stale = dump.group("train")["stale_fraction"]
@@ -47,16 +58,22 @@ def test_partial_pull_keeps_training_past_a_slow_shard(tmp_path):
 
 
 def test_injected_pull_delays_are_recorded_and_deterministic(tmp_path):
-    args = ("protocol.name=async", "inject.pull_delay_prob=0.1", "inject.pull_delay=0.02",
-            "run.epochs=2", COMPUTE)
+    args = (
+        "protocol.name=async",
+        "inject.pull_delay_prob=0.1",
+        "inject.pull_delay=0.02",
+        "run.epochs=2",
+        COMPUTE,
+    )
     train(tmp_path / "a", 5, *args)
     train(tmp_path / "b", 5, *args)
     da, db = (load_dump(tmp_path / x / "stats.h5").group("delays") for x in "ab")
     assert np.all(da["delay"] == 0.02)
 
     def early(d):  # the delayed (learner, pull index) pairs among every learner's first 40 pulls
-        return {(int(lr), int(r)) for lr, r in zip(d["learner"], d["request"], strict=True)
-                if r < 40}
+        return {
+            (int(lr), int(r)) for lr, r in zip(d["learner"], d["request"], strict=True) if r < 40
+        }
 
     assert len(early(da)) >= 2
     assert early(da) == early(db)  # a function of (seed, shard, learner, pull index) only
@@ -64,8 +81,14 @@ def test_injected_pull_delays_are_recorded_and_deterministic(tmp_path):
 
 def test_ssp_bounds_how_far_learners_run_apart(tmp_path):
     train(
-        tmp_path, 7, "protocol.name=ssp", "protocol.s=2", "inject.slow_learner=0",
-        "inject.learner_factor=4", "run.epochs=2", COMPUTE,
+        tmp_path,
+        7,
+        "protocol.name=ssp",
+        "protocol.s=2",
+        "inject.slow_learner=0",
+        "inject.learner_factor=4",
+        "run.epochs=2",
+        COMPUTE,
     )
     dump = load_dump(tmp_path / "stats.h5")
     g = dump.group("gradients")
