@@ -92,8 +92,9 @@ def run(ctx, world) -> None:  # noqa: ANN001 - Context and MPI.Comm, imported la
         ServerShard(ctx, weights).run()
     elif role is Role.LEARNER:
         from pserver.roles.learner import Learner
+        from pserver.roles.overlap import OverlapLearner
 
-        Learner(ctx, weights).run()
+        (Learner if ctx.cfg.comm.mode == "blocking" else OverlapLearner)(ctx, weights).run()
     elif role is Role.DATA:
         from pserver.roles.dataserver import DataServer
 

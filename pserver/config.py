@@ -153,7 +153,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("float32", "float64"),
     "data.source": ("digits", "synthetic", "hdf5"),
     "blocks.split": ("size", "layer"),
-    "comm.mode": ("blocking",),
+    "comm.mode": ("blocking", "nonblocking", "thread"),
     "comm.staging": ("auto", "always", "never"),
     "comm.cuda_aware": ("auto", "yes", "no"),
 }
@@ -288,6 +288,14 @@ def validate(cfg: Config) -> Config:
             f"protocol.pull_fraction = {cfg.protocol.pull_fraction!r}: expected a share in (0, 1]"
         )
     inject_plan(cfg).validate()
+    if cfg.comm.mode != "blocking" and (
+        cfg.protocol.name == "ssp" or cfg.protocol.pull_fraction < 1.0
+    ):
+        raise ConfigError(
+            f"comm.mode = {cfg.comm.mode!r} overlaps pulls with compute, which SSP's bound and "
+            "partial pulling (protocol.pull_fraction < 1) do not allow: use comm.mode = "
+            '"blocking"'
+        )
     if cfg.cluster.tree_fanout == 1:
         raise ConfigError("cluster.tree_fanout = 1: expected 0 (flat) or a fan-out >= 2")
     if not 0.0 < cfg.data.test_fraction < 1.0:

@@ -1,0 +1,194 @@
+"""Rudra-adv* learner: communication overlapped with compute (``comm.mode`` thread | nonblocking).
+
+Weights are pulled into a communication buffer while the learner computes on its compute
+buffer; a complete newer model is installed by swapping the two (a pointer swap, never a copy).
+Each block's pull is a long poll for weights newer than those the learner holds, so a new model
+flows in as soon as the server has one. Gradients go out from two alternating buffers: the push
+of one minibatch overlaps the compute of the next, but a push never starts before the previous
+one was delivered, so μ stays what the user set (gradients are never summed on the learner).
+
+``nonblocking``: one thread; the requests progress whenever the learner waits.
+``thread``: a communication thread drives the requests (tests with back-off sleeps, so it burns
+no core) and wakes the compute thread through a condition variable; progress then continues
+during the compute, whose numpy/CuPy kernels release the GIL.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from mpi4py import MPI
+
+from pserver.comm.waiting import SPIN_TESTS
+from pserver.context import Context
+from pserver.roles.learner import Learner
+from pserver.topology import Block
+from pserver.wire import Header, Reply, Tag, WireError
+
+
+class OverlapLearner(Learner):
+    def __init__(self, ctx: Context, weights: Any) -> None:
+        super().__init__(ctx, weights)
+        self.grads = [self.grad, self.xp.empty_like(self.grad)]
+        self.arrived: dict[int, int] = {}  # block -> timestamp now complete in w_comm
+        self.pushing: list[MPI.Request] = []
+        self.lock = threading.Condition()
+        self.threaded = self.cfg.comm.mode == "thread"
+        self.closing = threading.Event()
+        self.comm_error: BaseException | None = None
+        self.thread = threading.Thread(target=self.comm_loop, name="comm", daemon=True)
+        self.pull_time = self.push_time = 0.0
+
+    # -- the communication engine (all under self.lock) ----------------------------------------
+
+    def progress(self) -> bool:
+        """Test every outstanding request once; True when something completed."""
+        changed = False
+        for index, req in list(self.asked.items()):
+            if req.Test():
+                del self.asked[index]
+                self.on_overlap_reply(self.by_index[index])
+                changed = True
+        if self.pushing and MPI.Request.Testall(self.pushing):
+            self.pushing = []
+            changed = True
+        return changed
+
+    def on_overlap_reply(self, b: Block) -> None:
+        h = Header.unpack(self.replies[self.blocks.index(b)])
+        self.ctx.peers.note(h.sender, h)
+        if h.kind is not Tag.REPLY or h.block != b.index:
+            raise WireError(f"learner expected a reply for block {b.index}, got {h}")
+        if h.aux == Reply.STOP:
+            self.stopped.add(b.index)
+        elif h.aux == Reply.WEIGHTS:
+            req = self.posted.pop(b.index)
+            req.Wait()  # the payload follows its header at once: nothing to wait for in practice
+            self.payloads.arrived(b.index, self.w_comm[b.start : b.stop])
+            self.arrived[b.index] = h.timestamp
+        else:  # a long poll asks for newer weights, so CURRENT cannot come back
+            raise WireError(f"unexpected reply {h} to a long poll")
+
+    def model_ready(self) -> bool:
+        live = [b for b in self.blocks if b.index not in self.stopped]
+        return bool(live) and all(b.index in self.arrived for b in live)
+
+    def all_stopped(self) -> bool:
+        return len(self.stopped) == len(self.blocks)
+
+    def ask_all(self) -> None:
+        for b in self.blocks:
+            if b.index not in self.stopped and b.index not in self.asked:
+                self.ask(b)
+
+    def oldest(self, b: Block) -> int:
+        return self.have[b.index] + 1  # long poll: answered by the next update
+
+    def install_arrived(self) -> None:
+        fresh = [self.by_index[i] for i in self.arrived]
+        for b in fresh:
+            self.have[b.index] = self.arrived[b.index]
+        self.arrived.clear()
+        self.install(fresh)
+        self.ask_all()
+
+    def start_push(self, grad: Any) -> None:
+        for b in self.blocks:
+            if b.index in self.stopped:
+                continue
+            hdr = Header(Tag.PUSH, b.index, self.have[b.index], self.ctx.rank)
+            self.ch.ctrl.Send(hdr.pack(self.out[0]), self.owner[b.index], Tag.PUSH)
+            buf = self.payloads.outgoing(b.index, grad[b.start : b.stop])
+            self.pushing.append(self.ch.bulk.Isend(buf, self.owner[b.index], b.index))
+
+    # -- waiting -------------------------------------------------------------------------------
+
+    def wait(self, ready: Callable[[], bool], what: str) -> float:
+        """Block until ``ready()``; returns the seconds blocked."""
+        start = time.perf_counter()
+        if self.threaded:
+            with self.lock:
+                while not ready():
+                    if self.comm_error is not None:
+                        raise RuntimeError("the communication thread failed") from self.comm_error
+                    if not self.lock.wait(timeout=self.cfg.comm.stall_timeout):
+                        self.ctx.log.warning(
+                            "stalled waiting for %s; last received: %s", what,
+                            self.ctx.peers.report(),
+                        )
+        else:
+            self.waiter.until(lambda: (self.progress() and False) or ready(), what)
+        return time.perf_counter() - start
+
+    def comm_loop(self) -> None:
+        """The communication thread: test the requests, sleep with back-off when idle."""
+        delay, idle = self.cfg.comm.poll_min, 0
+        try:
+            while not self.closing.is_set():
+                with self.lock:
+                    changed = self.progress()
+                    if changed:
+                        self.lock.notify_all()
+                if changed:
+                    delay, idle = self.cfg.comm.poll_min, 0
+                    continue
+                idle += 1
+                if idle > SPIN_TESTS:
+                    self.closing.wait(delay)
+                    delay = min(delay * 2, self.cfg.comm.poll_max)
+        except BaseException as e:  # raised again on the compute thread
+            with self.lock:
+                self.comm_error = e
+                self.lock.notify_all()
+
+    # -- the learner loop ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        if self.threaded:
+            self.thread.start()
+        try:
+            with self.lock:
+                self.ask_all()
+            while self.overlap_step():
+                self.records.maybe_send()
+            self.push_time += self.wait(lambda: not self.pushing, "the last push")
+        finally:
+            self.closing.set()
+            if self.threaded:
+                self.thread.join()
+            self.prefetch.close()
+        self.finish()
+
+    def overlap_step(self) -> bool:
+        need_new = self.waits_for_update or -1 in self.have.values()
+        pull = self.wait(
+            lambda: self.all_stopped() or self.model_ready() or not need_new,
+            f"weights of blocks {sorted(self.asked)}",
+        )
+        with self.lock:
+            if self.all_stopped():
+                return False
+            if self.model_ready():
+                self.install_arrived()
+        X, y = self.prefetch.get()
+        started = time.perf_counter()
+        self.grad = self.grads[self.steps % 2]  # free: its push finished before the last began
+        self.compute(X, y)
+        compute = time.perf_counter() - started
+        self.prefetch.release()
+        push = self.wait(lambda: not self.pushing, "the previous push to be delivered")
+        with self.lock:
+            self.start_push(self.grad)
+        self.compute_time += compute
+        self.pull_time += pull
+        self.push_time += push
+        self.records.add(
+            "train", learner=self.index, step=self.steps, time=self.ctx.now(), loss=self.loss,
+            error=self.error, compute_time=compute, wait_time=pull + push,
+            pull_time=pull, push_time=push, stale_fraction=0.0, dropped_blocks=0,
+        )
+        self.steps += 1
+        return True
