@@ -95,6 +95,10 @@ def run(ctx, world) -> None:  # noqa: ANN001 - Context and MPI.Comm, imported la
         from pserver.roles.overlap import OverlapLearner
 
         (Learner if ctx.cfg.comm.mode == "blocking" else OverlapLearner)(ctx, weights).run()
+    elif role is Role.AGGREGATOR:
+        from pserver.roles.aggregator import Aggregator
+
+        Aggregator(ctx, weights).run()
     elif role is Role.DATA:
         from pserver.roles.dataserver import DataServer
 

@@ -296,6 +296,15 @@ def validate(cfg: Config) -> Config:
             "partial pulling (protocol.pull_fraction < 1) do not allow: use comm.mode = "
             '"blocking"'
         )
+    if cfg.cluster.tree_fanout and (
+        cfg.protocol.name in ("psp", "ssp") or cfg.protocol.lr_policy == "per-gradient"
+        or cfg.protocol.pull_fraction < 1.0
+    ):
+        raise ConfigError(
+            "cluster.tree_fanout: aggregators sum gradients before the server sees them, which "
+            "psp, ssp, per-gradient learning rates and partial pulling need apart; use "
+            "hardsync, softsync or async with the tree"
+        )
     if cfg.cluster.tree_fanout == 1:
         raise ConfigError("cluster.tree_fanout = 1: expected 0 (flat) or a fan-out >= 2")
     if not 0.0 < cfg.data.test_fraction < 1.0:

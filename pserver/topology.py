@@ -10,7 +10,8 @@ that lists the server node first puts every shard there.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 from pserver.config import Config
 from pserver.errors import ConfigError, TopologyError
@@ -23,18 +24,25 @@ class Role(enum.Enum):
     SERVER = "server"
     STATS = "stats"
     DATA = "data"
+    AGGREGATOR = "aggregator"
     LEARNER = "learner"
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Which rank plays which role; built identically on every rank."""
+    """Which rank plays which role; built identically on every rank.
+
+    ``parent`` maps a learner or aggregator to the aggregator it talks to; those missing from
+    it talk to the server shards directly (always, without a tree).
+    """
 
     world_size: int
     servers: tuple[int, ...]
     stats: int
     data: int
     learners: tuple[int, ...]
+    aggregators: tuple[int, ...] = ()
+    parent: dict[int, int] = field(default_factory=dict)
 
     def role(self, rank: int) -> Role:
         if rank in self.servers:
@@ -45,6 +53,8 @@ class Layout:
             return Role.DATA
         if rank in self.learners:
             return Role.LEARNER
+        if rank in self.aggregators:
+            return Role.AGGREGATOR
         raise TopologyError(f"rank {rank} is outside the world of {self.world_size} ranks")
 
     def index(self, rank: int) -> int:
@@ -54,31 +64,96 @@ class Layout:
             return self.servers.index(rank)
         if role is Role.LEARNER:
             return self.learners.index(rank)
+        if role is Role.AGGREGATOR:
+            return self.aggregators.index(rank)
         return 0
 
     def describe(self, rank: int) -> str:
         role = self.role(rank)
-        if role in (Role.SERVER, Role.LEARNER):
+        if role in (Role.SERVER, Role.LEARNER, Role.AGGREGATOR):
             return f"{role.value} {self.index(rank)}"
         return f"{role.value} server"
+
+    def children(self, rank: int | None) -> tuple[int, ...]:
+        """Ranks whose pushes and pulls go to ``rank`` (None: to the server shards)."""
+        nodes = self.learners + self.aggregators
+        return tuple(r for r in sorted(nodes) if self.parent.get(r) == rank)
+
+    def upstream(self, rank: int, shard_rank: int) -> int:
+        """Where ``rank`` sends a block owned by the server at ``shard_rank``."""
+        return self.parent.get(rank, shard_rank)
+
+
+def tree_size(n_learners: int, fanout: int) -> int:
+    """Aggregators of a fan-out-``k`` tree over λ learners (0 for a flat layout)."""
+    total, level = 0, n_learners
+    while fanout and (level > fanout or total == 0):  # at least one level of aggregators
+        level = math.ceil(level / fanout)
+        total += level
+    return total
 
 
 def make_layout(world_size: int, cfg: Config) -> Layout:
     """Assign roles; a world size that does not fit is an error that says how to fix it."""
-    n_servers = cfg.cluster.servers
+    n_servers, k = cfg.cluster.servers, cfg.cluster.tree_fanout
     fixed = 2 + n_servers  # stats + data + shards
-    n_learners = cfg.cluster.learners or world_size - fixed
-    need = fixed + max(n_learners, 1)
-    if n_learners < 1 or world_size != fixed + n_learners:
+    n_learners = cfg.cluster.learners
+    if n_learners == 0:  # every rank left, after the aggregators this many learners need
+        n_learners = max(
+            (n for n in range(1, world_size) if fixed + n + tree_size(n, k) <= world_size),
+            default=0,
+        )
+    need = fixed + max(n_learners, 1) + tree_size(max(n_learners, 1), k)
+    if n_learners < 1 or world_size != fixed + n_learners + tree_size(n_learners, k):
         wanted = "all remaining ranks" if cfg.cluster.learners == 0 else str(n_learners)
+        tree = f" + {tree_size(max(n_learners, 1), k)} aggregator(s) (tree_fanout {k})" if k else ""
         raise TopologyError(
             f"world size {world_size} does not fit {n_servers} server(s) + 1 statistics server "
-            f"+ 1 data server + {wanted} learner(s): run with mpiexec -n {need}"
+            f"+ 1 data server + {wanted} learner(s){tree}: run with mpiexec -n {need}"
             + ("" if cfg.cluster.learners == 0 else " or set cluster.learners=0")
         )
     servers = tuple(range(n_servers))
-    learners = tuple(range(fixed, fixed + n_learners))
-    return Layout(world_size, servers, n_servers, n_servers + 1, learners)
+    if not k:
+        learners = tuple(range(fixed, fixed + n_learners))
+        return Layout(world_size, servers, n_servers, n_servers + 1, learners)
+    return tree_layout(world_size, servers, n_learners, k)
+
+
+def tree_layout(world_size: int, servers: tuple[int, ...], n_learners: int, k: int) -> Layout:
+    """Rudra-adv's aggregator tree, ranks in depth-first order.
+
+    Every aggregator directly precedes its subtree, so a hostfile that fills nodes with
+    consecutive ranks puts each leaf aggregator on the node of its learners (their traffic then
+    goes through shared memory), and only the sums cross the network.
+    """
+    # build bottom-up with abstract ids: ("L", i) learners, ("A", j) aggregators
+    level: list[tuple[str, int]] = [("L", i) for i in range(n_learners)]
+    kids: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    n_agg = 0
+    while len(level) > k or n_agg == 0:
+        upper = []
+        for start in range(0, len(level), k):
+            node = ("A", n_agg)
+            n_agg += 1
+            kids[node] = level[start : start + k]
+            upper.append(node)
+        level = upper
+    order: list[tuple[str, int]] = []
+
+    def visit(node: tuple[str, int]) -> None:
+        order.append(node)
+        for child in kids.get(node, []):
+            visit(child)
+
+    for top in level:
+        visit(top)
+    first = len(servers) + 2
+    rank_of = {node: first + i for i, node in enumerate(order)}
+    parent = {rank_of[c]: rank_of[a] for a, cs in kids.items() for c in cs}
+    learners = tuple(rank_of[("L", i)] for i in range(n_learners))
+    aggregators = tuple(sorted(rank_of[("A", j)] for j in range(n_agg)))
+    stats = len(servers)
+    return Layout(world_size, servers, stats, stats + 1, learners, aggregators, parent)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ class Tag(enum.IntEnum):
     """Message kinds; also the MPI tag that headers travel with on the control communicator."""
 
     PULL = 1  # learner -> server: block, timestamp it holds, aux = oldest timestamp it accepts
-    PUSH = 2  # learner -> server: block, timestamp the gradient was computed from; payload follows
+    PUSH = 2  # learner -> server: block, timestamp of the weights used; payload follows
+    # (from an aggregator: aux = n summed gradients, whose clocks follow as a CLOCK message)
     REPLY = 3  # server -> learner: aux = one of Reply; block, timestamp of the weights
     BYE = 4  # learner -> server / data server / stats server: this learner is finished
     DATA_REQ = 5  # learner I/O thread -> data server: send me a minibatch
@@ -31,6 +32,7 @@ class Tag(enum.IntEnum):
     MODEL = 8  # server -> stats server: block weights for the test at an epoch end (aux = epoch)
     RECORDS = 9  # anyone -> stats server: a small dict of statistics rows (pickled control data)
     SERVER_BYE = 10  # server -> stats server: the shard is finished
+    CLOCK = 11  # aggregator -> parent, right after a PUSH with aux = n: n (learner, timestamp)
 
 
 @enum.unique

@@ -1,9 +1,11 @@
 """One duplicated communicator per traffic class, built once at start-up.
 
-Headers to the servers travel on ``ctrl`` and are matched with ANY_TAG in arrival order, so a
-learner's push is always processed before its next pull (MPI's non-overtaking rule). Array
-payloads use ``bulk``, the data server ``io``, the statistics server ``stats``; keeping them apart
-means no wildcard receive can ever match the wrong traffic.
+Requests travelling up (pushes, pulls, goodbyes) use ``ctrl`` and are matched with ANY_TAG in
+arrival order, so a learner's push is always processed before its next pull (MPI's
+non-overtaking rule). Replies travelling down use ``down``, tagged by block, so an aggregator can
+listen to its children with a wildcard and to its parent at once. Array payloads use ``bulk``,
+the data server ``io``, the statistics server ``stats``; keeping them apart means no wildcard
+receive can ever match the wrong traffic.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from mpi4py import MPI
 class Channels:
     world: MPI.Comm
     ctrl: MPI.Comm
+    down: MPI.Comm
     bulk: MPI.Comm
     io: MPI.Comm
     stats: MPI.Comm
@@ -24,8 +27,8 @@ class Channels:
     @classmethod
     def create(cls, comm: MPI.Comm) -> Channels:
         """Collective over ``comm``: every rank must call it."""
-        return cls(comm, comm.Dup(), comm.Dup(), comm.Dup(), comm.Dup())
+        return cls(comm, comm.Dup(), comm.Dup(), comm.Dup(), comm.Dup(), comm.Dup())
 
     def free(self) -> None:
-        for c in (self.ctrl, self.bulk, self.io, self.stats):
+        for c in (self.ctrl, self.down, self.bulk, self.io, self.stats):
             c.Free()

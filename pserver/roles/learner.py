@@ -37,7 +37,8 @@ class Learner:
         self.model = ctx.model
         self.blocks = ctx.blocks
         self.by_index = {b.index: b for b in self.blocks}
-        self.owner = {b.index: ctx.layout.servers[b.shard] for b in self.blocks}
+        lay = ctx.layout  # where each block goes: its shard, or our aggregator in a tree
+        self.owner = {b.index: lay.upstream(ctx.rank, lay.servers[b.shard]) for b in self.blocks}
         self.w = self.xp.asarray(weights)  # compute buffer, replaced on the first pull
         self.w_comm = self.xp.empty_like(self.w)
         self.grad = self.xp.empty_like(self.w)
@@ -142,7 +143,7 @@ class Learner:
         hdr = Header(Tag.PULL, b.index, self.have[b.index], self.ctx.rank, self.oldest(b))
         self.ch.ctrl.Send(hdr.pack(self.out[0]), self.owner[b.index], Tag.PULL)
         row = self.replies[self.blocks.index(b)]
-        self.asked[b.index] = self.ch.ctrl.Irecv(row, self.owner[b.index], reply_tag(b.index))
+        self.asked[b.index] = self.ch.down.Irecv(row, self.owner[b.index], reply_tag(b.index))
 
     def on_reply(self, b: Block, fresh: list[Block]) -> None:
         h = Header.unpack(self.replies[self.blocks.index(b)])
@@ -202,8 +203,8 @@ class Learner:
         MPI.Request.Waitall(list(self.posted.values()))
         self.posted.clear()
         bye = Header(Tag.BYE, -1, -1, self.ctx.rank).pack(self.out[0])
-        for server in self.ctx.layout.servers:
-            self.ch.ctrl.Send(bye, server, Tag.BYE)
+        for upstream in sorted(set(self.owner.values())):
+            self.ch.ctrl.Send(bye, upstream, Tag.BYE)
         self.ch.io.Send(bye, self.ctx.layout.data, Tag.BYE)
         self.records.add(
             "learners",

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
 from pserver.comm.payload import Payloads
@@ -57,7 +58,7 @@ class ServerShard:
         self.shard = ctx.layout.index(ctx.rank)
         self.waiter: Waiter = ctx.waiter()
         self.records = ctx.records()
-        self.live = set(ctx.layout.learners)
+        self.live = set(ctx.layout.children(None))  # learners, or the top aggregators
         self.total_samples = self.cfg.run.epochs * ctx.train_size
         self.hbuf, self.out = header_buffer(), header_buffer()
         self.blocks = {b.index: self.make_state(b, weights) for b in ctx.blocks_of(self.shard)}
@@ -68,7 +69,7 @@ class ServerShard:
         self.dropped_after_stop = 0
         self.bytes_in = self.bytes_out = 0
         self.plan = inject_plan(self.cfg)
-        self.pulls = [0] * len(ctx.layout.learners)  # pull requests per learner (delay draws)
+        self.pulls = dict.fromkeys(self.live, 0)  # pull requests per peer (delay draws)
         self.delayed: list[tuple[float, int, Header]] = []  # heap of replies held back
         self.sequence = itertools.count()
 
@@ -158,18 +159,29 @@ class ServerShard:
         self.waiter.wait(req, lambda: f"gradient payload of block {h.block} from rank {h.sender}")
         self.payloads.arrived(h.block, st.recv)
         self.bytes_in += st.recv.nbytes
+        entries = self.contributions(h)
         if st.done:
-            self.dropped_after_stop += 1
+            self.dropped_after_stop += len(entries)
             return
-        learner = self.ctx.layout.index(h.sender)
-        decision = st.protocol.on_gradient(Arrival(learner, h.timestamp, self.ctx.now()), st.ts)
-        self.record_gradient(st, learner, h.timestamp, decision.staleness, decision.accept)
-        if decision.accept:
-            self.accumulate(st, decision.weight)
+        now = self.ctx.now()
+        decisions = [st.protocol.on_gradient(Arrival(lr, ts, now), st.ts) for lr, ts in entries]
+        accepted = all(d.accept for d in decisions)  # an aggregated sum is taken whole or not
+        for (learner, ts), d in zip(entries, decisions, strict=True):
+            self.record_gradient(st, learner, ts, d.staleness, accepted)
+        if accepted:
+            self.accumulate(st, decisions[0].weight)
         else:
-            st.dropped += 1
-        if st.protocol.ready(self.ctx.now()):
+            st.dropped += len(entries)
+        if st.protocol.ready(now):
             self.update(st)
+
+    def contributions(self, h: Header) -> list[tuple[int, int]]:
+        """(learner, timestamp) of each gradient in a push: one, or an aggregator's n."""
+        if h.aux == 0:
+            return [(self.ctx.layout.index(h.sender), h.timestamp)]
+        pairs = np.empty(2 * h.aux, dtype=np.int64)
+        self.ch.ctrl.Recv(pairs, h.sender, Tag.CLOCK)
+        return [(int(pairs[2 * i]), int(pairs[2 * i + 1])) for i in range(h.aux)]
 
     def accumulate(self, st: BlockState, weight: float) -> None:
         xp = self.xp
@@ -217,8 +229,8 @@ class ServerShard:
 
     def on_pull(self, h: Header) -> None:
         learner = self.ctx.layout.index(h.sender)
-        request = self.pulls[learner]
-        self.pulls[learner] += 1
+        request = self.pulls[h.sender]
+        self.pulls[h.sender] += 1
         delay = self.plan.pull_delay_for(self.shard, learner, request)
         if delay > 0.0:  # a rare, large delay of this reply only (PSP-SGD §4.2)
             due = self.ctx.now() + delay
@@ -252,7 +264,7 @@ class ServerShard:
 
     def reply(self, dest: int, st: BlockState, kind: Reply) -> None:
         Header(Tag.REPLY, st.block.index, st.ts, self.ctx.rank, int(kind)).pack(self.out[0])
-        self.ch.ctrl.Send(self.out[0], dest, reply_tag(st.block.index))
+        self.ch.down.Send(self.out[0], dest, reply_tag(st.block.index))
 
     def on_bye(self, h: Header) -> None:
         self.live.discard(h.sender)

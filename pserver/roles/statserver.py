@@ -16,7 +16,10 @@ from pserver.stats.writer import StatsWriter
 from pserver.wire import Header, Tag, WireError, header_buffer
 
 #: dtype of every column the ranks report (schema in docs/stats.md)
-INT32 = {"shard", "learner", "staleness", "n_gradients", "block", "dropped_blocks"}
+INT32 = {
+    "shard", "learner", "staleness", "n_gradients", "block", "dropped_blocks", "aggregator",
+    "rank",
+}
 INT64 = {
     "timestamp",
     "update",
@@ -40,7 +43,8 @@ class StatsServer:
         self.ctx, self.cfg = ctx, ctx.cfg
         self.comm = ctx.channels.stats
         self.waiter = ctx.waiter()
-        self.live = set(ctx.layout.servers) | set(ctx.layout.learners)
+        lay = ctx.layout
+        self.live = set(lay.servers) | set(lay.learners) | set(lay.aggregators)
         self.hbuf = header_buffer()
         self.models: dict[int, tuple[np.ndarray, set[int], int]] = {}
         self.sigma_sum = self.sigma_n = self.sigma_max = 0

@@ -1,0 +1,227 @@
+"""Aggregator: a node of Rudra-adv's parameter-server tree (Gupta et al. §III-C, Fig. 2).
+
+Upwards, it sums one gradient per live child for each block and relays the sum with every
+child's (learner, timestamp) pairs, so the root records exact vector clocks and staleness.
+Downwards, it keeps a long poll open at its parent for each block, caches the newest weights
+(one timestamp everywhere in the tree) and answers its children's pulls from that cache, so the
+root sends each new model once per child rather than once per learner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from pserver.context import Context
+from pserver.topology import Block
+from pserver.wire import Header, Reply, Tag, WireError, header_buffer, reply_tag
+
+
+@dataclass
+class Relay:
+    """One block's state at an aggregator."""
+
+    block: Block
+    parent: int
+    w: Any  # cached weights, served to the children
+    w_in: Any  # the parent's next weights land here
+    recv: Any  # a child's gradient
+    total: Any  # sum of this round's gradients
+    ts: int = -1  # timestamp of ``w`` (-1: nothing yet)
+    stopped: bool = False
+    got: set[int] = field(default_factory=set)  # children that pushed this round
+    clock: list[int] = field(default_factory=list)  # (learner, timestamp) pairs, flattened
+    waiting: list[Header] = field(default_factory=list)  # children's held pulls
+    serving: list[MPI.Request] = field(default_factory=list)  # weight sends reading ``w``
+    forwarding: list[MPI.Request] = field(default_factory=list)  # the sum going up
+    asked: MPI.Request | None = None
+    posted: MPI.Request | None = None
+
+
+class Aggregator:
+    def __init__(self, ctx: Context, weights: Any) -> None:
+        self.ctx, self.xp, self.ch = ctx, ctx.xp, ctx.channels
+        self.waiter = ctx.waiter()
+        self.records = ctx.records()
+        lay = ctx.layout
+        self.children = set(lay.children(ctx.rank))
+        self.live = set(self.children)
+        self.relays = {
+            b.index: self.make_relay(b, lay.upstream(ctx.rank, lay.servers[b.shard]), weights)
+            for b in ctx.blocks
+        }
+        self.hbuf, self.out = header_buffer(), header_buffer()
+        self.replies = header_buffer(len(ctx.blocks))
+        self.clockbuf = np.empty(0, dtype=np.int64)
+        self.bytes_in = self.bytes_out = 0
+        self.handlers = {Tag.PUSH: self.on_push, Tag.PULL: self.on_pull, Tag.BYE: self.on_bye}
+
+    def make_relay(self, b: Block, parent: int, weights: Any) -> Relay:
+        xp, n = self.xp, b.size
+        return Relay(
+            b, parent, xp.empty(n, weights.dtype), xp.empty(n, weights.dtype),
+            xp.empty(n, weights.dtype), xp.empty(n, weights.dtype),
+        )
+
+    def run(self) -> None:
+        for r in self.relays.values():
+            self.ask(r)
+        req = None
+        while self.live:
+            if req is None:
+                req = self.ch.ctrl.Irecv(self.hbuf, MPI.ANY_SOURCE, MPI.ANY_TAG)
+            if self.wait_for(req):
+                req = None
+                h = Header.unpack(self.hbuf[0])
+                self.ctx.peers.note(h.sender, h)
+                handler = self.handlers.get(h.kind)
+                if handler is None:
+                    raise WireError(f"aggregator got unexpected {h} from rank {h.sender}")
+                handler(h)
+            self.records.maybe_send()
+        if req is not None:
+            req.Cancel()
+            req.Wait()
+        self.finish()
+
+    def wait_for(self, req: MPI.Request) -> bool:
+        """Wait for a child's header or a reply from the parent; True for a child's header."""
+        arrived = False
+
+        def done() -> bool:
+            nonlocal arrived
+            arrived = req.Test()
+            return arrived or self.parent_replies()
+
+        self.waiter.until(done, lambda: f"children {sorted(self.live)} or the parent")
+        return arrived
+
+    # -- downwards: the parent's weights and the children's pulls ----------------------------
+
+    def ask(self, r: Relay) -> None:
+        """Long poll: the parent answers with the first weights newer than ours (or STOP)."""
+        b = r.block
+        r.posted = self.ch.bulk.Irecv(r.w_in, r.parent, b.index)
+        hdr = Header(Tag.PULL, b.index, r.ts, self.ctx.rank, r.ts + 1)
+        self.ch.ctrl.Send(hdr.pack(self.out[0]), r.parent, Tag.PULL)
+        row = self.replies[b.index]
+        r.asked = self.ch.down.Irecv(row, r.parent, reply_tag(b.index))
+
+    def parent_replies(self) -> bool:
+        changed = False
+        for r in self.relays.values():
+            if r.asked is not None and r.asked.Test():
+                r.asked = None
+                self.on_parent_reply(r)
+                changed = True
+        return changed
+
+    def on_parent_reply(self, r: Relay) -> None:
+        h = Header.unpack(self.replies[r.block.index])
+        self.ctx.peers.note(h.sender, h)
+        if h.aux == Reply.STOP:
+            r.stopped = True
+        elif h.aux == Reply.WEIGHTS:
+            self.waiter.wait(r.posted, f"weights of block {r.block.index} from the parent")
+            r.posted = None
+            self.bytes_in += r.w_in.nbytes
+            self.drain(r.serving, "weight sends to children")
+            r.w, r.w_in, r.ts = r.w_in, r.w, h.timestamp  # pointer swap
+            self.ask(r)
+        else:
+            raise WireError(f"unexpected reply {h} to a long poll")
+        waiting, r.waiting = r.waiting, []
+        for pull in waiting:
+            self.on_pull(pull)
+
+    def on_pull(self, h: Header) -> None:
+        r = self.relays[h.block]
+        if r.stopped:
+            self.reply(h.sender, r, Reply.STOP)
+        elif r.ts < max(h.aux, 0):
+            r.waiting.append(h)
+        elif r.ts == h.timestamp:
+            self.reply(h.sender, r, Reply.CURRENT)
+        else:
+            self.reply(h.sender, r, Reply.WEIGHTS)
+            r.serving.append(self.ch.bulk.Isend(r.w, h.sender, r.block.index))
+            self.bytes_out += r.w.nbytes
+
+    def reply(self, dest: int, r: Relay, kind: Reply) -> None:
+        Header(Tag.REPLY, r.block.index, r.ts, self.ctx.rank, int(kind)).pack(self.out[0])
+        self.ch.down.Send(self.out[0], dest, reply_tag(r.block.index))
+
+    # -- upwards: the children's gradients -----------------------------------------------------
+
+    def on_push(self, h: Header) -> None:
+        r = self.relays[h.block]
+        self.waiter.wait(self.ch.bulk.Irecv(r.recv, h.sender, h.block), "a child's gradient")
+        self.bytes_in += r.recv.nbytes
+        pairs = self.child_clock(h)
+        if r.stopped:
+            return  # training is over: the server would drop it too
+        if not r.got:
+            self.drain(r.forwarding, "the previous sum to reach the parent")
+            r.recv, r.total = r.total, r.recv  # first of the round: swap instead of zero + add
+        else:
+            self.xp.add(r.total, r.recv, out=r.total)
+        r.got.add(h.sender)  # a fast child may push twice in a round: both are summed and clocked
+        r.clock.extend(pairs)
+        self.maybe_forward(r)
+
+    def child_clock(self, h: Header) -> list[int]:
+        if h.aux == 0:
+            return [self.ctx.layout.index(h.sender), h.timestamp]
+        if self.clockbuf.size != 2 * h.aux:
+            self.clockbuf = np.empty(2 * h.aux, dtype=np.int64)
+        self.ch.ctrl.Recv(self.clockbuf, h.sender, Tag.CLOCK)
+        return self.clockbuf.tolist()
+
+    def maybe_forward(self, r: Relay) -> None:
+        """Relay the round once every live child has pushed (a child that left is not awaited)."""
+        if not r.got or not self.live <= r.got:
+            return
+        b, n = r.block, len(r.clock) // 2
+        hdr = Header(Tag.PUSH, b.index, -1, self.ctx.rank, n)
+        self.ch.ctrl.Send(hdr.pack(self.out[0]), r.parent, Tag.PUSH)
+        self.ch.ctrl.Send(np.asarray(r.clock, dtype=np.int64), r.parent, Tag.CLOCK)
+        self.ctx.backend.synchronize()
+        r.forwarding.append(self.ch.bulk.Isend(r.total, r.parent, b.index))
+        self.bytes_out += r.total.nbytes
+        r.got, r.clock = set(), []
+
+    def on_bye(self, h: Header) -> None:
+        self.live.discard(h.sender)
+        for r in self.relays.values():
+            if not r.stopped:
+                self.maybe_forward(r)
+
+    # -- end ---------------------------------------------------------------------------------
+
+    def drain(self, reqs: list[MPI.Request], what: str) -> None:
+        self.waiter.waitall(reqs, what)
+        reqs.clear()
+
+    def finish(self) -> None:
+        for r in self.relays.values():
+            self.drain(r.serving, "weight sends to children")
+            self.drain(r.forwarding, "the last sum to reach the parent")
+            if r.asked is not None:  # not stopped yet: the parent still owes an answer
+                self.waiter.wait(r.asked, f"the parent's last reply for block {r.block.index}")
+                r.asked = None
+                self.on_parent_reply(r)
+            if r.posted is not None:
+                r.posted.Cancel()
+                r.posted.Wait()
+        bye = Header(Tag.BYE, -1, -1, self.ctx.rank).pack(self.out[0])
+        for parent in sorted({r.parent for r in self.relays.values()}):
+            self.ch.ctrl.Send(bye, parent, Tag.BYE)
+        self.records.add(
+            "aggregators", aggregator=self.ctx.layout.index(self.ctx.rank), rank=self.ctx.rank,
+            bytes_in=self.bytes_in, bytes_out=self.bytes_out, wait_time=self.waiter.waited,
+        )
+        self.records.send()
+        self.ch.stats.Send(bye, self.ctx.layout.stats, Tag.BYE)
