@@ -55,7 +55,7 @@ class Learner:
         self.extra_compute = inject_plan(self.cfg).compute_time_for(self.index)
         self.slow = self.index == self.cfg.inject.slow_learner
         self.steps = 0
-        self.compute_time = 0.0
+        self.compute_time = self.pull_time = self.push_time = 0.0
         self.prefetch = Prefetcher(ctx)
 
     def run(self) -> None:
@@ -79,6 +79,8 @@ class Learner:
         self.push()
         t4 = time.perf_counter()
         self.compute_time += t3 - t2
+        self.pull_time += t1 - t0
+        self.push_time += t4 - t3
         self.records.add(
             "train",
             learner=self.index,
@@ -213,6 +215,11 @@ class Learner:
             compute_time=self.compute_time,
             wait_time=self.waiter.waited + self.prefetch.waited,
             samples=self.steps * self.cfg.data.batch_size,
+            pull_time=self.pull_time,
+            push_time=self.push_time,
+            # Rudra Table I: the share of a learner's time spent computing, not blocked
+            overlap=self.compute_time
+            / max(self.compute_time + self.pull_time + self.push_time, 1e-12),
         )
         self.records.send()
         self.ch.stats.Send(bye, self.ctx.layout.stats, Tag.BYE)

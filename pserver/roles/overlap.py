@@ -40,7 +40,6 @@ class OverlapLearner(Learner):
         self.closing = threading.Event()
         self.comm_error: BaseException | None = None
         self.thread = threading.Thread(target=self.comm_loop, name="comm", daemon=True)
-        self.pull_time = self.push_time = 0.0
 
     # -- the communication engine (all under self.lock) ----------------------------------------
 
@@ -116,7 +115,8 @@ class OverlapLearner(Learner):
                         raise RuntimeError("the communication thread failed") from self.comm_error
                     if not self.lock.wait(timeout=self.cfg.comm.stall_timeout):
                         self.ctx.log.warning(
-                            "stalled waiting for %s; last received: %s", what,
+                            "stalled waiting for %s; last received: %s",
+                            what,
                             self.ctx.peers.report(),
                         )
         else:
@@ -186,9 +186,18 @@ class OverlapLearner(Learner):
         self.pull_time += pull
         self.push_time += push
         self.records.add(
-            "train", learner=self.index, step=self.steps, time=self.ctx.now(), loss=self.loss,
-            error=self.error, compute_time=compute, wait_time=pull + push,
-            pull_time=pull, push_time=push, stale_fraction=0.0, dropped_blocks=0,
+            "train",
+            learner=self.index,
+            step=self.steps,
+            time=self.ctx.now(),
+            loss=self.loss,
+            error=self.error,
+            compute_time=compute,
+            wait_time=pull + push,
+            pull_time=pull,
+            push_time=push,
+            stale_fraction=0.0,
+            dropped_blocks=0,
         )
         self.steps += 1
         return True
