@@ -185,6 +185,10 @@ NON_NEGATIVE = {
     "optim.eps",
     "run.seed",
     "inject.compute_time",
+    "protocol.c",
+    "protocol.tau1",
+    "protocol.s",
+    "protocol.tau2",
 }
 
 

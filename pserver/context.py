@@ -16,7 +16,7 @@ from typing import Any
 from pserver.comm.channels import Channels
 from pserver.comm.records import RecordBuffer
 from pserver.comm.waiting import PeerLog, Waiter
-from pserver.config import Config
+from pserver.config import Config, inject_plan
 from pserver.errors import ConfigError
 from pserver.protocols import make_protocol
 from pserver.topology import Block, Layout, Role, make_layout, split_blocks
@@ -85,6 +85,7 @@ def prepare(
     layout = make_layout(world_size, cfg)
     n_learners = len(layout.learners)
     make_protocol(cfg, n_learners)  # a protocol that cannot run with this λ fails here
+    inject_plan(cfg).validate(len(layout.servers), n_learners)
     dataset = load_dataset(cfg.data, cfg.run.seed)
     backend = select_backend("cpu", 0, 1)
     if layout.role(rank) in (Role.LEARNER, Role.SERVER):

@@ -51,3 +51,20 @@ def test_override_values_are_toml():
     assert parse_override("optim.lr=1e-3") == ("optim.lr", 1e-3)
     assert parse_override("stats.progress=false") == ("stats.progress", False)
     assert parse_override("protocol.name=async") == ("protocol.name", "async")
+
+
+@pytest.mark.parametrize("key", ["protocol.s", "protocol.c", "protocol.tau1", "protocol.tau2"])
+def test_negative_protocol_parameters_rejected(key):
+    with pytest.raises(ConfigError, match=f"{key} = -1"):
+        load_config(None, [f"{key}=-1"])
+
+
+def test_every_config_key_is_documented():
+    from pathlib import Path
+
+    from pserver.config import Config
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
+    for section, table in Config().to_dict().items():
+        for key in table:
+            assert f"{section}.{key}" in docs or f"`{key}`" in docs, f"{section}.{key}"

@@ -1,0 +1,104 @@
+"""The launch files: the SLURM script is valid bash and runs outside SLURM; the hostfiles parse."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mpirun import ROOT, mpiexec
+
+SLURM = ROOT / "scripts" / "pserver.slurm"
+HYDRA = ROOT / "hostfiles" / "example.hosts"
+OPENMPI = ROOT / "hostfiles" / "example.openmpi"
+
+HOST = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+HYDRA_LINE = re.compile(rf"^({HOST})(?::([1-9][0-9]*))?$")  # Hydra: no trailing comments
+OPENMPI_LINE = re.compile(rf"^({HOST})(?:\s+slots=([1-9][0-9]*))?(?:\s+max_slots=[1-9][0-9]*)?$")
+
+
+def entries(path: Path, line_re: re.Pattern[str], strip_comments: bool) -> list[tuple[str, int]]:
+    """``[(host, slots), ...]`` of a hostfile; any other line fails the test with its number."""
+    out = []
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        line = (raw.split("#", 1)[0] if strip_comments else raw).strip()
+        if not line or raw.lstrip().startswith("#"):
+            continue
+        m = line_re.match(line)
+        assert m, f"{path.name}:{number}: {raw!r} is not a hostfile entry"
+        out.append((m.group(1), int(m.group(2) or 1)))
+    assert out, f"{path.name} lists no host"
+    return out
+
+
+def documented_command(path: Path) -> tuple[int, int]:
+    """The ``-n N`` and ``cluster.servers=S`` of the example command in the file's comments."""
+    text = path.read_text()
+    n = re.search(r"-n (\d+) pserver-run", text)
+    servers = re.search(r"cluster\.servers=(\d+)", text)
+    assert n and servers, f"{path.name} has no example command"
+    return int(n.group(1)), int(servers.group(1))
+
+
+def test_slurm_script_is_valid_bash():
+    res = subprocess.run(["bash", "-n", str(SLURM)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def test_slurm_directives_come_first_and_ask_for_nodes_tasks_and_time():
+    lines = SLURM.read_text().splitlines()
+    assert lines[0] == "#!/usr/bin/env bash"
+    header = []
+    for line in lines[1:]:
+        if line and not line.startswith("#"):
+            break  # sbatch stops reading #SBATCH lines at the first command
+        if line.startswith("#SBATCH"):
+            header.append(line)
+    options = dict(re.fullmatch(r"#SBATCH --([a-z-]+)=(\S+)", h).groups() for h in header)
+    assert {"nodes", "ntasks", "time"} <= set(options)
+    assert int(options["ntasks"]) >= 4  # a server, the statistics and data servers, a learner
+    assert re.fullmatch(r"\d+(:\d\d){1,2}", options["time"])
+
+
+def test_hostfiles_parse_and_describe_the_same_nodes():
+    hydra = entries(HYDRA, HYDRA_LINE, strip_comments=False)
+    openmpi = entries(OPENMPI, OPENMPI_LINE, strip_comments=True)
+    assert hydra == openmpi
+    for path in (HYDRA, OPENMPI):
+        n, servers = documented_command(path)
+        assert n == sum(slots for _, slots in hydra)  # one rank per slot
+        assert servers + 2 <= hydra[0][1]  # shards, statistics and data server on the first host
+
+
+@pytest.mark.mpi
+def test_hydra_accepts_the_example_hostfile(tmp_path):
+    """The same file with every host replaced by localhost: Hydra parses it and fills slots."""
+    local = tmp_path / "hosts"
+    local.write_text(re.sub(rf"^{HOST}:", "localhost:", HYDRA.read_text(), flags=re.M))
+    res = subprocess.run(
+        [mpiexec(), "-f", str(local), "-n", "3", sys.executable, "-c", "pass"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.mpi
+def test_slurm_script_runs_a_job_with_mpiexec_outside_slurm(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(PSERVER_NP="4", PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}")
+    res = subprocess.run(
+        ["bash", str(SLURM), "run.epochs=1", f"run.out_dir={tmp_path}", "stats.progress=false"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (tmp_path / "stats.h5").is_file()
+    assert "test error" in res.stdout  # the summary printed after the run
