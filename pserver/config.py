@@ -42,6 +42,7 @@ class ClusterConfig:
     servers: int = 1
     learners: int = 0  # 0: every rank left after servers, stats and data server
     tree_fanout: int = 0  # 0: flat (Rudra-base); k >= 2: aggregator tree (Rudra-adv)
+    bcast_fanout: int = 0  # 0: every learner pulls upstream; k >= 2: learner broadcast tree (adv*)
 
 
 @dataclass
@@ -179,6 +180,7 @@ POSITIVE = {
 NON_NEGATIVE = {
     "cluster.learners",
     "cluster.tree_fanout",
+    "cluster.bcast_fanout",
     "protocol.ref_batch",
     "optim.momentum",
     "optim.weight_decay",
@@ -308,6 +310,13 @@ def validate(cfg: Config) -> Config:
             "cluster.tree_fanout: aggregators sum gradients before the server sees them, which "
             "psp, ssp, per-gradient learning rates and partial pulling need apart; use "
             "hardsync, softsync or async with the tree"
+        )
+    if cfg.cluster.bcast_fanout == 1:
+        raise ConfigError("cluster.bcast_fanout = 1: expected 0 (none) or a fan-out >= 2")
+    if cfg.cluster.bcast_fanout and cfg.comm.mode == "blocking":
+        raise ConfigError(
+            "cluster.bcast_fanout: learners relay weights from their communication engine; "
+            'set comm.mode = "thread" or "nonblocking" (Rudra-adv*)'
         )
     if cfg.cluster.tree_fanout == 1:
         raise ConfigError("cluster.tree_fanout = 1: expected 0 (flat) or a fan-out >= 2")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pserver.config import Config
 from pserver.errors import ConfigError, TopologyError
@@ -43,6 +43,7 @@ class Layout:
     learners: tuple[int, ...]
     aggregators: tuple[int, ...] = ()
     parent: dict[int, int] = field(default_factory=dict)
+    bcast_parent: dict[int, int] = field(default_factory=dict)  # learner -> learner it pulls from
 
     def role(self, rank: int) -> Role:
         if rank in self.servers:
@@ -115,8 +116,25 @@ def make_layout(world_size: int, cfg: Config) -> Layout:
     servers = tuple(range(n_servers))
     if not k:
         learners = tuple(range(fixed, fixed + n_learners))
-        return Layout(world_size, servers, n_servers, n_servers + 1, learners)
-    return tree_layout(world_size, servers, n_learners, k)
+        layout = Layout(world_size, servers, n_servers, n_servers + 1, learners)
+    else:
+        layout = tree_layout(world_size, servers, n_learners, k)
+    if cfg.cluster.bcast_fanout:
+        return replace(layout, bcast_parent=broadcast_tree(layout, cfg.cluster.bcast_fanout))
+    return layout
+
+
+def broadcast_tree(layout: Layout, fanout: int) -> dict[int, int]:
+    """Rudra-adv*'s learner broadcast tree: a fan-out-k heap over the learners that share an
+    upstream (a server or an aggregator); only each heap's root pulls from that upstream."""
+    groups: dict[int | None, list[int]] = {}
+    for rank in layout.learners:
+        groups.setdefault(layout.parent.get(rank), []).append(rank)
+    return {
+        members[i]: members[(i - 1) // fanout]
+        for members in groups.values()
+        for i in range(1, len(members))
+    }
 
 
 def tree_layout(world_size: int, servers: tuple[int, ...], n_learners: int, k: int) -> Layout:

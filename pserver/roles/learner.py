@@ -39,6 +39,7 @@ class Learner:
         self.by_index = {b.index: b for b in self.blocks}
         lay = ctx.layout  # where each block goes: its shard, or our aggregator in a tree
         self.owner = {b.index: lay.upstream(ctx.rank, lay.servers[b.shard]) for b in self.blocks}
+        self.source = dict(self.owner)  # where weights come from (a learner, with a bcast tree)
         self.w = self.xp.asarray(weights)  # compute buffer, replaced on the first pull
         self.w_comm = self.xp.empty_like(self.w)
         self.grad = self.xp.empty_like(self.w)
@@ -141,11 +142,11 @@ class Learner:
         """Send a pull request (Rudra's timestamp inquiry) and post receives for the answer."""
         if b.index not in self.posted:
             buf = self.payloads.incoming(b.index, self.w_comm[b.start : b.stop])
-            self.posted[b.index] = self.ch.bulk.Irecv(buf, self.owner[b.index], b.index)
+            self.posted[b.index] = self.ch.bulk.Irecv(buf, self.source[b.index], b.index)
         hdr = Header(Tag.PULL, b.index, self.have[b.index], self.ctx.rank, self.oldest(b))
-        self.ch.ctrl.Send(hdr.pack(self.out[0]), self.owner[b.index], Tag.PULL)
+        self.ch.ctrl.Send(hdr.pack(self.out[0]), self.source[b.index], Tag.PULL)
         row = self.replies[self.blocks.index(b)]
-        self.asked[b.index] = self.ch.down.Irecv(row, self.owner[b.index], reply_tag(b.index))
+        self.asked[b.index] = self.ch.down.Irecv(row, self.source[b.index], reply_tag(b.index))
 
     def on_reply(self, b: Block, fresh: list[Block]) -> None:
         h = Header.unpack(self.replies[self.blocks.index(b)])
@@ -205,7 +206,7 @@ class Learner:
         MPI.Request.Waitall(list(self.posted.values()))
         self.posted.clear()
         bye = Header(Tag.BYE, -1, -1, self.ctx.rank).pack(self.out[0])
-        for upstream in sorted(set(self.owner.values())):
+        for upstream in sorted(set(self.owner.values()) | set(self.source.values())):
             self.ch.ctrl.Send(bye, upstream, Tag.BYE)
         self.ch.io.Send(bye, self.ctx.layout.data, Tag.BYE)
         self.records.add(
@@ -217,6 +218,7 @@ class Learner:
             samples=self.steps * self.cfg.data.batch_size,
             pull_time=self.pull_time,
             push_time=self.push_time,
+            relayed_bytes=getattr(self, "relayed_bytes", 0),
             # Rudra Table I: the share of a learner's time spent computing, not blocked
             overlap=self.compute_time
             / max(self.compute_time + self.pull_time + self.push_time, 1e-12),

@@ -22,11 +22,12 @@ from typing import Any
 
 from mpi4py import MPI
 
+from pserver.comm.payload import Payloads
 from pserver.comm.waiting import SPIN_TESTS
 from pserver.context import Context
 from pserver.roles.learner import Learner
 from pserver.topology import Block
-from pserver.wire import Header, Reply, Tag, WireError
+from pserver.wire import Header, Reply, Tag, WireError, header_buffer, reply_tag
 
 
 class OverlapLearner(Learner):
@@ -40,6 +41,18 @@ class OverlapLearner(Learner):
         self.closing = threading.Event()
         self.comm_error: BaseException | None = None
         self.thread = threading.Thread(target=self.comm_loop, name="comm", daemon=True)
+        # learner broadcast tree: pull from a parent learner, serve our own children
+        lay = ctx.layout
+        if ctx.rank in lay.bcast_parent:
+            self.source = dict.fromkeys(self.source, lay.bcast_parent[ctx.rank])
+        self.kids = {r for r, p in lay.bcast_parent.items() if p == ctx.rank}
+        self.kids_live = set(self.kids)
+        self.kid_req: MPI.Request | None = None
+        self.kid_hbuf = header_buffer()
+        self.kid_waiting: list[Header] = []
+        self.serving: list[MPI.Request] = []  # weight sends to children, reading ``w``
+        self.relay = Payloads(ctx.backend, self.blocks, self.w.dtype, self.cfg.comm.staging)
+        self.relayed_bytes = 0
 
     # -- the communication engine (all under self.lock) ----------------------------------------
 
@@ -54,7 +67,51 @@ class OverlapLearner(Learner):
         if self.pushing and MPI.Request.Testall(self.pushing):
             self.pushing = []
             changed = True
+        if self.serving and MPI.Request.Testall(self.serving):
+            self.serving = []
+        while self.kids_live:
+            if self.kid_req is None:
+                self.kid_req = self.ch.ctrl.Irecv(self.kid_hbuf, MPI.ANY_SOURCE, MPI.ANY_TAG)
+            if not self.kid_req.Test():
+                break
+            self.kid_req = None
+            self.on_kid(Header.unpack(self.kid_hbuf[0]))
+            changed = True
         return changed
+
+    def on_kid(self, h: Header) -> None:
+        self.ctx.peers.note(h.sender, h)
+        if h.kind is Tag.BYE:
+            self.kids_live.discard(h.sender)
+        elif h.kind is Tag.PULL:
+            self.serve_kid(h)
+        else:
+            raise WireError(f"learner got unexpected {h} from rank {h.sender}")
+
+    def serve_kid(self, h: Header) -> None:
+        """Answer a child learner from the model we compute with (Rudra-adv* broadcast tree)."""
+        b = self.by_index[h.block]
+        ts = self.have[b.index]
+        if b.index in self.stopped:
+            self.reply_kid(h.sender, b, ts, Reply.STOP)
+        elif ts < max(h.aux, 0):
+            self.kid_waiting.append(h)
+        elif ts == h.timestamp:
+            self.reply_kid(h.sender, b, ts, Reply.CURRENT)
+        else:
+            self.reply_kid(h.sender, b, ts, Reply.WEIGHTS)
+            buf = self.relay.outgoing(b.index, self.w[b.start : b.stop])
+            self.serving.append(self.ch.bulk.Isend(buf, h.sender, b.index))
+            self.relayed_bytes += buf.nbytes
+
+    def reply_kid(self, dest: int, b: Block, ts: int, kind: Reply) -> None:
+        Header(Tag.REPLY, b.index, ts, self.ctx.rank, int(kind)).pack(self.out[0])
+        self.ch.down.Send(self.out[0], dest, reply_tag(b.index))
+
+    def answer_kids(self) -> None:
+        waiting, self.kid_waiting = self.kid_waiting, []
+        for h in waiting:
+            self.serve_kid(h)
 
     def on_overlap_reply(self, b: Block) -> None:
         h = Header.unpack(self.replies[self.blocks.index(b)])
@@ -63,6 +120,7 @@ class OverlapLearner(Learner):
             raise WireError(f"learner expected a reply for block {b.index}, got {h}")
         if h.aux == Reply.STOP:
             self.stopped.add(b.index)
+            self.answer_kids()
         elif h.aux == Reply.WEIGHTS:
             req = self.posted.pop(b.index)
             req.Wait()  # the payload follows its header at once: nothing to wait for in practice
@@ -87,12 +145,15 @@ class OverlapLearner(Learner):
         return self.have[b.index] + 1  # long poll: answered by the next update
 
     def install_arrived(self) -> None:
+        MPI.Request.Waitall(self.serving)  # children's copies read w, which the swap recycles
+        self.serving = []
         fresh = [self.by_index[i] for i in self.arrived]
         for b in fresh:
             self.have[b.index] = self.arrived[b.index]
         self.arrived.clear()
         self.install(fresh)
         self.ask_all()
+        self.answer_kids()
 
     def start_push(self, grad: Any) -> None:
         for b in self.blocks:
@@ -155,6 +216,8 @@ class OverlapLearner(Learner):
             while self.overlap_step():
                 self.records.maybe_send()
             self.push_time += self.wait(lambda: not self.pushing, "the last push")
+            self.wait(lambda: not self.kids_live, f"child learners {sorted(self.kids_live)}")
+            self.wait(lambda: not self.serving, "weight sends to child learners")
         finally:
             self.closing.set()
             if self.threaded:

@@ -30,6 +30,11 @@ INT64 = {
     "dropped_after_stop",
     "bytes_in",
     "bytes_out",
+    "applied",
+    "dropped",
+    "size",
+    "request",
+    "relayed_bytes",
 }
 
 

@@ -1,0 +1,28 @@
+"""Rudra-adv*'s learner broadcast tree (cluster.bcast_fanout) in real mpiexec runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpirun import train
+
+from pserver.stats.reader import load_dump
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("mode", ["thread", "nonblocking"])
+def test_broadcast_tree_sends_each_model_once_per_root(tmp_path, mode):
+    common = ("protocol.name=hardsync", "run.epochs=3", f"comm.mode={mode}")
+    train(tmp_path / "flat", 7, *common)
+    train(tmp_path / "tree", 7, *common, "cluster.bcast_fanout=2")
+    flat, tree = (load_dump(tmp_path / x / "stats.h5") for x in ("flat", "tree"))
+    per_update = [d.group("servers")["bytes_out"].sum() / d.group("updates")["timestamp"].size
+                  for d in (flat, tree)]
+    assert per_update[1] <= 0.3 * per_update[0]  # 1 send per model instead of 4
+    relayed = tree.group("learners")["relayed_bytes"]
+    assert np.sum(relayed > 0) == 2  # learners 0 and 1 of the heap serve children
+    g = tree.group("gradients")
+    assert np.all(g["staleness"] == 0)
+    assert sorted(set(g["learner"].tolist())) == [0, 1, 2, 3]
+    assert tree.group("test")["error"][-1] <= 0.1
