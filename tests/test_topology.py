@@ -1,0 +1,75 @@
+"""Rank layouts, block ownership and trees (pure, no MPI)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pserver.config import load_config
+from pserver.errors import ConfigError, TopologyError
+from pserver.topology import Role, make_layout, split_blocks, tree_size
+from pserver.wire import Header, Tag, WireError, header_buffer
+
+
+def test_flat_layout_servers_first():
+    lay = make_layout(8, load_config(None, ["cluster.servers=2"]))
+    assert lay.servers == (0, 1) and lay.stats == 2 and lay.data == 3
+    assert lay.learners == (4, 5, 6, 7)
+    assert [lay.role(r) for r in (0, 2, 3, 7)] == [Role.SERVER, Role.STATS, Role.DATA, Role.LEARNER]
+    assert lay.describe(5) == "learner 1" and lay.describe(2) == "stats server"
+    assert lay.children(None) == (4, 5, 6, 7)
+    assert lay.upstream(4, 1) == 1
+
+
+@pytest.mark.parametrize(
+    "world, overrides, fragment",
+    [
+        (3, [], "run with mpiexec -n 4"),
+        (6, ["cluster.learners=4"], "run with mpiexec -n 7 or set cluster.learners=0"),
+        (7, ["cluster.tree_fanout=2"], "aggregator(s) (tree_fanout 2)"),
+    ],
+)
+def test_world_size_that_does_not_fit(world, overrides, fragment):
+    with pytest.raises(TopologyError, match=None) as info:
+        make_layout(world, load_config(None, overrides))
+    assert fragment in str(info.value)
+
+
+def test_tree_layout_depth_first_and_parents():
+    lay = make_layout(9, load_config(None, ["cluster.tree_fanout=2"]))
+    # server, stats, data, then aggregator 3 with learners 4, 5; aggregator 6 with 7, 8
+    assert lay.aggregators == (3, 6) and lay.learners == (4, 5, 7, 8)
+    assert lay.parent == {4: 3, 5: 3, 7: 6, 8: 6}
+    assert lay.children(None) == (3, 6) and lay.children(3) == (4, 5)
+    assert lay.upstream(4, 0) == 3 and lay.upstream(3, 0) == 0
+    assert tree_size(1, 2) == 1 and tree_size(4, 2) == 2 and tree_size(5, 2) == 5
+    assert tree_size(8, 0) == 0
+
+
+def test_broadcast_tree_heap():
+    cfg = load_config(None, ["cluster.bcast_fanout=2", "comm.mode=thread"])
+    lay = make_layout(10, cfg)
+    assert lay.learners == (3, 4, 5, 6, 7, 8, 9)
+    assert lay.bcast_parent == {4: 3, 5: 3, 6: 4, 7: 4, 8: 5, 9: 5}
+
+
+def test_blocks_by_size_and_by_layer():
+    blocks = split_blocks(10, [6, 4], "size", 3, 2)
+    assert [(b.start, b.stop, b.shard) for b in blocks] == [(0, 3, 0), (3, 6, 0), (6, 10, 1)]
+    blocks = split_blocks(10, [6, 4], "layer", 1, 2)
+    assert [(b.start, b.stop, b.shard) for b in blocks] == [(0, 6, 0), (6, 10, 1)]
+    covered = np.zeros(1000, int)
+    for b in split_blocks(1000, [1000], "size", 7, 3):
+        covered[b.start : b.stop] += 1
+    assert np.all(covered == 1)
+    with pytest.raises(ConfigError, match="cannot feed cluster.servers = 3"):
+        split_blocks(10, [10], "size", 2, 3)
+
+
+def test_header_round_trip_and_unknown_kind():
+    buf = header_buffer(1)[0]
+    h = Header(Tag.PUSH, 3, 41, 7, 2)
+    assert Header.unpack(h.pack(buf)) == h
+    buf[0] = 99
+    with pytest.raises(WireError, match="unknown message kind 99"):
+        Header.unpack(buf)
