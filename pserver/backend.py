@@ -96,6 +96,22 @@ class Backend:
             return self.xp.asnumpy(a)
         return np.asarray(a)
 
+    def copy_to_host(self, a: Any, out: np.ndarray) -> np.ndarray:
+        """Copy ``a`` into the preallocated host array ``out`` (no allocation on either side)."""
+        if self.is_gpu and not isinstance(a, np.ndarray):
+            a.get(out=out)  # synchronous on the current stream
+        else:
+            np.copyto(out, a)
+        return out
+
+    def copy_from_host(self, host: np.ndarray, out: Any) -> Any:
+        """Copy the host array ``host`` into the preallocated backend array ``out``."""
+        if self.is_gpu and not isinstance(out, np.ndarray):
+            out.set(host)
+        else:
+            np.copyto(out, host)
+        return out
+
     def empty(self, n: int, dtype: Any) -> Any:
         """An uninitialised 1-D array of ``n`` elements on this backend."""
         return self.xp.empty(n, dtype=dtype)

@@ -64,9 +64,11 @@ def test_async_staleness_near_lambda(tmp_path):
         (2, ("protocol.name=hardsync", "blocks.count=2")),
         (3, ("protocol.name=async", "blocks.split=layer")),
         (3, ("protocol.name=softsync", "optim.rule=adagrad", "blocks.count=5")),
+        (2, ("protocol.name=hardsync", "blocks.count=2", "comm.staging=always")),
     ],
     ids=["hardsync", "softsync-per-gradient", "async-adagrad", "nesterov-3-blocks",
-         "2-shards-hardsync", "3-shards-async-by-layer", "3-shards-softsync-adagrad"],
+         "2-shards-hardsync", "3-shards-async-by-layer", "3-shards-softsync-adagrad",
+         "host-staging-path"],
 )
 def test_one_learner_reproduces_serial_sgd(tmp_path, servers, overrides):
     common = ("run.epochs=2", "optim.weight_decay=0.001", f"cluster.servers={servers}", *overrides)

@@ -15,11 +15,12 @@ from pserver.stats.reader import load_dump
 pytestmark = pytest.mark.mpi
 
 
-@pytest.mark.parametrize("servers", [1, 2])
-def test_one_learner_under_an_aggregator_reproduces_serial_sgd(tmp_path, servers):
+@pytest.mark.parametrize("servers, staging", [(1, "auto"), (2, "always")])
+def test_one_learner_under_an_aggregator_reproduces_serial_sgd(tmp_path, servers, staging):
     """Hardsync only: with softsync an aggregator answers from its cache, one update behind."""
     common = ("run.epochs=2", "protocol.name=hardsync", "cluster.tree_fanout=2",
-              f"cluster.servers={servers}", "blocks.count=2", "optim.rule=adagrad")
+              f"cluster.servers={servers}", "blocks.count=2", "optim.rule=adagrad",
+              f"comm.staging={staging}")
     train(tmp_path, servers + 4, *common)  # shards, stats, data, one aggregator, one learner
     dump = load_dump(tmp_path / "stats.h5")
     assert dump.group("aggregators")["bytes_in"][0] > 0  # the traffic went through it

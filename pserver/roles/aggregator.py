@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from pserver.comm.payload import Payloads
 from pserver.context import Context
 from pserver.topology import Block
 from pserver.wire import Header, Reply, Tag, WireError, header_buffer, reply_tag
@@ -37,6 +38,7 @@ class Relay:
     waiting: list[Header] = field(default_factory=list)  # children's held pulls
     serving: list[MPI.Request] = field(default_factory=list)  # weight sends reading ``w``
     forwarding: list[MPI.Request] = field(default_factory=list)  # the sum going up
+    outgoing: Any = None  # what MPI sends ``w`` from (itself, or its staged host copy)
     asked: MPI.Request | None = None
     posted: MPI.Request | None = None
 
@@ -53,6 +55,9 @@ class Aggregator:
             b.index: self.make_relay(b, lay.upstream(ctx.rank, lay.servers[b.shard]), weights)
             for b in ctx.blocks
         }
+        staging = ctx.cfg.comm.staging
+        self.up = Payloads(ctx.backend, ctx.blocks, weights.dtype, staging)  # gradient sums
+        self.down = Payloads(ctx.backend, ctx.blocks, weights.dtype, staging)  # weights
         self.hbuf, self.out = header_buffer(), header_buffer()
         self.replies = header_buffer(len(ctx.blocks))
         self.clockbuf = np.empty(0, dtype=np.int64)
@@ -104,7 +109,7 @@ class Aggregator:
     def ask(self, r: Relay) -> None:
         """Long poll: the parent answers with the first weights newer than ours (or STOP)."""
         b = r.block
-        r.posted = self.ch.bulk.Irecv(r.w_in, r.parent, b.index)
+        r.posted = self.ch.bulk.Irecv(self.down.incoming(b.index, r.w_in), r.parent, b.index)
         hdr = Header(Tag.PULL, b.index, r.ts, self.ctx.rank, r.ts + 1)
         self.ch.ctrl.Send(hdr.pack(self.out[0]), r.parent, Tag.PULL)
         row = self.replies[b.index]
@@ -127,9 +132,11 @@ class Aggregator:
         elif h.aux == Reply.WEIGHTS:
             self.waiter.wait(r.posted, f"weights of block {r.block.index} from the parent")
             r.posted = None
+            self.down.arrived(r.block.index, r.w_in)
             self.bytes_in += r.w_in.nbytes
             self.drain(r.serving, "weight sends to children")
             r.w, r.w_in, r.ts = r.w_in, r.w, h.timestamp  # pointer swap
+            r.outgoing = self.down.outgoing(r.block.index, r.w)  # staged once, sent to every child
             self.ask(r)
         else:
             raise WireError(f"unexpected reply {h} to a long poll")
@@ -147,7 +154,7 @@ class Aggregator:
             self.reply(h.sender, r, Reply.CURRENT)
         else:
             self.reply(h.sender, r, Reply.WEIGHTS)
-            r.serving.append(self.ch.bulk.Isend(r.w, h.sender, r.block.index))
+            r.serving.append(self.ch.bulk.Isend(r.outgoing, h.sender, r.block.index))
             self.bytes_out += r.w.nbytes
 
     def reply(self, dest: int, r: Relay, kind: Reply) -> None:
@@ -158,7 +165,9 @@ class Aggregator:
 
     def on_push(self, h: Header) -> None:
         r = self.relays[h.block]
-        self.waiter.wait(self.ch.bulk.Irecv(r.recv, h.sender, h.block), "a child's gradient")
+        inbox = self.up.incoming(h.block, r.recv)
+        self.waiter.wait(self.ch.bulk.Irecv(inbox, h.sender, h.block), "a child's gradient")
+        self.up.arrived(h.block, r.recv)
         self.bytes_in += r.recv.nbytes
         pairs = self.child_clock(h)
         if r.stopped:
@@ -188,8 +197,8 @@ class Aggregator:
         hdr = Header(Tag.PUSH, b.index, -1, self.ctx.rank, n)
         self.ch.ctrl.Send(hdr.pack(self.out[0]), r.parent, Tag.PUSH)
         self.ch.ctrl.Send(np.asarray(r.clock, dtype=np.int64), r.parent, Tag.CLOCK)
-        self.ctx.backend.synchronize()
-        r.forwarding.append(self.ch.bulk.Isend(r.total, r.parent, b.index))
+        buf = self.up.outgoing(b.index, r.total)
+        r.forwarding.append(self.ch.bulk.Isend(buf, r.parent, b.index))
         self.bytes_out += r.total.nbytes
         r.got, r.clock = set(), []
 

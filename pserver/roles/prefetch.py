@@ -20,9 +20,21 @@ from pserver.wire import Header, Tag, header_buffer
 
 
 class Slot:
-    def __init__(self, batch: int, n_features: int) -> None:
+    """Host buffers MPI receives into, and (on a GPU) device buffers the learner computes on."""
+
+    def __init__(self, batch: int, n_features: int, backend: Any) -> None:
         self.X = np.empty((batch, n_features), dtype=np.float32)
         self.y = np.empty(batch, dtype=np.int64)
+        self.backend = backend
+        gpu = backend.is_gpu
+        self.dev_X = backend.xp.empty(self.X.shape, self.X.dtype) if gpu else self.X
+        self.dev_y = backend.xp.empty(self.y.shape, self.y.dtype) if gpu else self.y
+
+    def on_device(self) -> tuple[Any, Any]:
+        if self.dev_X is not self.X:
+            self.backend.copy_from_host(self.X, self.dev_X)
+            self.backend.copy_from_host(self.y, self.dev_y)
+        return self.dev_X, self.dev_y
 
 
 class Prefetcher:
@@ -35,7 +47,7 @@ class Prefetcher:
         self.free: queue.Queue[Slot | None] = queue.Queue()
         self.ready: queue.Queue[Slot | BaseException] = queue.Queue()
         for _ in range(ctx.cfg.data.prefetch):
-            self.free.put(Slot(batch, features))
+            self.free.put(Slot(batch, features, ctx.backend))
         self.current: Slot | None = None
         self.out = header_buffer()
         self.threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
@@ -77,7 +89,7 @@ class Prefetcher:
         if isinstance(item, BaseException):
             raise RuntimeError("the prefetch thread failed") from item
         self.current = item
-        return self.ctx.backend.asarray(item.X), self.ctx.backend.asarray(item.y)
+        return item.on_device()
 
     def release(self) -> None:
         if self.current is not None:

@@ -81,7 +81,7 @@ class ServerShard:
             w=w,
             recv=xp.empty_like(w),
             accum=xp.zeros_like(w),
-            snapshot=xp.empty_like(w),
+            snapshot=np.empty(b.size, dtype=dtype),  # on the host: stats stay off the GPU
             protocol=make_protocol(self.cfg, len(self.ctx.layout.learners)),
             updater=make_updater(self.cfg.optim, b.size, xp, dtype),
         )
@@ -308,8 +308,7 @@ class ServerShard:
         self.records.send()  # the progress line at this epoch then shows current staleness
         if st.snapshot_req is not None:
             self.waiter.wait(st.snapshot_req, "the previous model snapshot to reach stats")
-        self.xp.copyto(st.snapshot, st.w)
-        self.ctx.backend.synchronize()
+        self.ctx.backend.copy_to_host(st.w, st.snapshot)
         hdr = Header(Tag.MODEL, st.block.index, st.ts, self.ctx.rank, epoch).pack(self.out[0])
         self.ch.stats.Send(hdr, self.ctx.layout.stats, Tag.MODEL)
         st.snapshot_req = self.ch.stats.Isend(st.snapshot, self.ctx.layout.stats, Tag.MODEL)
