@@ -35,6 +35,7 @@ class RunConfig:
     device: str = "cpu"
     log_level: str = "info"
     overwrite: bool = False  # replace an existing dump in out_dir
+    epoch_basis: str = "applied"  # applied: gradients in updates; computed: also dropped ones
 
 
 @dataclass
@@ -147,6 +148,7 @@ class Config:
 CHOICES: dict[str, tuple[str, ...]] = {
     "run.device": ("cpu", "gpu", "auto"),
     "run.log_level": ("debug", "info", "warning", "error"),
+    "run.epoch_basis": ("applied", "computed"),
     "protocol.name": ("hardsync", "softsync", "async", "psp", "ssp"),
     "protocol.lr_policy": ("auto", "none", "mean", "per-gradient"),
     "optim.rule": ("sgd", "momentum", "nesterov", "adagrad"),

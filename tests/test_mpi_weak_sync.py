@@ -100,3 +100,20 @@ def test_ssp_bounds_how_far_learners_run_apart(tmp_path):
         spread = max(spread, clocks.max() - clocks.min())
     assert spread <= 2 + 2  # s, plus the gradient in flight on each side of the bound
     assert dump.group("learners")["minibatches"].min() > 0
+
+
+def test_computed_epoch_basis_counts_dropped_gradients(tmp_path):
+    train(
+        tmp_path,
+        7,
+        "protocol.name=psp",
+        "protocol.c=2",
+        "run.epochs=2",
+        "run.epoch_basis=computed",
+        COMPUTE,
+    )
+    dump = load_dump(tmp_path / "stats.h5")
+    g = dump.group("gradients")
+    needed = int(np.ceil(2 * 1347 / 16))  # digits train split: 1347 samples, batch 16
+    assert np.sum(g["update"] < 0) > 0
+    assert needed <= g["update"].size <= needed + 4  # applied + dropped, plus a round in flight

@@ -174,6 +174,8 @@ class ServerShard:
             st.dropped += len(entries)
         if st.protocol.ready(now):
             self.update(st)
+        elif not accepted and self.cfg.run.epoch_basis == "computed":
+            self.after_update(st)  # a dropped gradient still consumed a minibatch of the epoch
 
     def contributions(self, h: Header) -> list[tuple[int, int]]:
         """(learner, timestamp) of each gradient in a push: one, or an aggregator's n."""
@@ -209,7 +211,14 @@ class ServerShard:
         self.after_update(st)
 
     def after_update(self, st: BlockState) -> None:
-        samples = st.applied * self.cfg.data.batch_size
+        """Epoch accounting, tests at epoch ends, the end of training, and the held pulls.
+
+        ``run.epoch_basis = "applied"`` counts the gradients that entered updates (Rudra: the
+        server trains the given epochs); ``"computed"`` also counts those the protocol dropped,
+        i.e. passes of the learners over the data (PSP-SGD's epochs under partial pushing).
+        """
+        used = st.applied + (st.dropped if self.cfg.run.epoch_basis == "computed" else 0)
+        samples = used * self.cfg.data.batch_size
         while samples >= st.next_epoch * self.ctx.train_size:
             epoch = st.next_epoch
             st.next_epoch += 1
