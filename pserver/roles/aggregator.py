@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from pserver.comm.inbox import Inbox
 from pserver.comm.payload import Payloads
 from pserver.context import Context
 from pserver.topology import Block
@@ -58,7 +59,7 @@ class Aggregator:
         staging = ctx.cfg.comm.staging
         self.up = Payloads(ctx.backend, ctx.blocks, weights.dtype, staging)  # gradient sums
         self.down = Payloads(ctx.backend, ctx.blocks, weights.dtype, staging)  # weights
-        self.hbuf, self.out = header_buffer(), header_buffer()
+        self.out = header_buffer()
         self.replies = header_buffer(len(ctx.blocks))
         self.clockbuf = np.empty(0, dtype=np.int64)
         self.bytes_in = self.bytes_out = 0
@@ -74,35 +75,18 @@ class Aggregator:
     def run(self) -> None:
         for r in self.relays.values():
             self.ask(r)
-        req = None
+        inbox = Inbox(self.ch.ctrl, self.waiter, self.ctx.peers)
+        what = lambda: f"children {sorted(self.live)} or the parent"  # noqa: E731
         while self.live:
-            if req is None:
-                req = self.ch.ctrl.Irecv(self.hbuf, MPI.ANY_SOURCE, MPI.ANY_TAG)
-            if self.wait_for(req):
-                req = None
-                h = Header.unpack(self.hbuf[0])
-                self.ctx.peers.note(h.sender, h)
+            h = inbox.next(what, also=self.parent_replies)
+            if h is not None:
                 handler = self.handlers.get(h.kind)
                 if handler is None:
                     raise WireError(f"aggregator got unexpected {h} from rank {h.sender}")
                 handler(h)
             self.records.maybe_send()
-        if req is not None:
-            req.Cancel()
-            req.Wait()
+        inbox.close()
         self.finish()
-
-    def wait_for(self, req: MPI.Request) -> bool:
-        """Wait for a child's header or a reply from the parent; True for a child's header."""
-        arrived = False
-
-        def done() -> bool:
-            nonlocal arrived
-            arrived = req.Test()
-            return arrived or self.parent_replies()
-
-        self.waiter.until(done, lambda: f"children {sorted(self.live)} or the parent")
-        return arrived
 
     # -- downwards: the parent's weights and the children's pulls ----------------------------
 

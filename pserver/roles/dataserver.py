@@ -7,10 +7,10 @@ sequence of minibatches is exactly that of a serial run with the same seed.
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
 
+from pserver.comm.inbox import Inbox
 from pserver.context import Context
-from pserver.wire import Header, Tag, WireError, header_buffer
+from pserver.wire import Tag, WireError
 
 
 class DataServer:
@@ -25,16 +25,14 @@ class DataServer:
         self.sampler = BatchSampler(len(ds.y_train), batch, ctx.cfg.run.seed)
         self.xbuf = np.empty((batch, ds.n_features), dtype=np.float32)
         self.ybuf = np.empty(batch, dtype=np.int64)
-        self.hbuf = header_buffer()
         self.live = set(ctx.layout.learners)
         self.served = 0
 
     def run(self) -> None:
+        inbox = Inbox(self.comm, self.waiter, self.ctx.peers)
         while self.live:
-            req = self.comm.Irecv(self.hbuf, MPI.ANY_SOURCE, MPI.ANY_TAG)
-            self.waiter.wait(req, lambda: f"minibatch requests from learners {sorted(self.live)}")
-            h = Header.unpack(self.hbuf[0])
-            self.ctx.peers.note(h.sender, h)
+            h = inbox.next(lambda: f"minibatch requests from learners {sorted(self.live)}")
+            assert h is not None  # no other way for this wait to end
             if h.kind is Tag.DATA_REQ:
                 self.serve(h.sender)
             elif h.kind is Tag.BYE:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from pserver.comm.inbox import Inbox
 from pserver.comm.payload import Payloads
 from pserver.comm.waiting import Waiter
 from pserver.config import inject_plan
@@ -60,7 +61,7 @@ class ServerShard:
         self.records = ctx.records()
         self.live = set(ctx.layout.children(None))  # learners, or the top aggregators
         self.total_samples = self.cfg.run.epochs * ctx.train_size
-        self.hbuf, self.out = header_buffer(), header_buffer()
+        self.out = header_buffer()
         self.blocks = {b.index: self.make_state(b, weights) for b in ctx.blocks_of(self.shard)}
         mine = ctx.blocks_of(self.shard)
         self.payloads = Payloads(ctx.backend, mine, weights.dtype, self.cfg.comm.staging)
@@ -92,14 +93,11 @@ class ServerShard:
             sorted(self.blocks),
             next(iter(self.blocks.values())).protocol.describe(),
         )
-        req = None
+        inbox = Inbox(self.ch.ctrl, self.waiter, self.ctx.peers)
+        what = lambda: f"a push or pull from learners {sorted(self.live)}"  # noqa: E731
         while self.live:
-            if req is None:
-                req = self.ch.ctrl.Irecv(self.hbuf, MPI.ANY_SOURCE, MPI.ANY_TAG)
-            if self.wait_for(req):
-                req = None
-                header = Header.unpack(self.hbuf[0])
-                self.ctx.peers.note(header.sender, header)
+            header = inbox.next(what, due=self.next_due(), clock=self.ctx.now)
+            if header is not None:
                 handler = self.handlers.get(header.kind)
                 if handler is None:
                     raise WireError(f"server got unexpected {header} from rank {header.sender}")
@@ -108,27 +106,8 @@ class ServerShard:
                 self.slow_down(time.perf_counter() - started)
             self.on_time()
             self.records.maybe_send()
-        if req is not None:
-            req.Cancel()
-            req.Wait()
+        inbox.close()
         self.finish()
-
-    def wait_for(self, req: MPI.Request) -> bool:
-        """Wait for the next header, or until a timeout is due; True when a header arrived."""
-        what = lambda: f"a push or pull from learners {sorted(self.live)}"  # noqa: E731
-        due = self.next_due()
-        if due is None:
-            self.waiter.wait(req, what)
-            return True
-        arrived = False
-
-        def done() -> bool:
-            nonlocal arrived
-            arrived = req.Test()
-            return arrived or self.ctx.now() >= due
-
-        self.waiter.until(done, what)
-        return arrived
 
     def next_due(self) -> float | None:
         """The earliest protocol timeout (PSP's τ1) or injected delayed reply."""
