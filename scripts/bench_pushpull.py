@@ -32,6 +32,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import statistics
@@ -156,15 +157,51 @@ class Row:
         return self.pserver_gbs / self.naive_gbs
 
 
-class Launcher:
-    """Runs mpiexec jobs under a timeout, killing the whole process group when it expires."""
+def cpu_idle(seconds: float = 1.0) -> float:
+    """Fraction of all cores idle over ``seconds`` (from /proc/stat; 1.0 where there is none)."""
 
-    def __init__(self, mpiexec: str, timeout: float, verbose: bool) -> None:
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        return fields[3] + fields[4], sum(fields[:8])  # idle + iowait, total
+
+    try:
+        idle0, total0 = sample()
+        time.sleep(seconds)
+        idle1, total1 = sample()
+    except (OSError, ValueError, IndexError):
+        return 1.0
+    return (idle1 - idle0) / max(total1 - total0, 1)
+
+
+class Launcher:
+    """Runs mpiexec jobs under a timeout, killing the whole process group when it expires.
+
+    Before each launch it waits (up to ``quiet_wait`` s) for the machine to be at least
+    ``quiet_idle`` idle, since other people's jobs on a 2-core machine swamp any figure; the
+    idle fraction seen before each launch is kept in ``idle_seen``.
+    """
+
+    def __init__(
+        self, mpiexec: str, timeout: float, verbose: bool, quiet_idle: float, quiet_wait: float
+    ) -> None:
         self.mpiexec, self.timeout, self.verbose = mpiexec, timeout, verbose
+        self.quiet_idle, self.quiet_wait = quiet_idle, quiet_wait
         self.env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        self.idle_seen: list[float] = []
+
+    def wait_quiet(self) -> None:
+        if self.quiet_idle <= 0:
+            return
+        deadline = time.monotonic() + self.quiet_wait
+        while (idle := cpu_idle()) < self.quiet_idle and time.monotonic() < deadline:
+            pass
+        if idle < self.quiet_idle:
+            log(f"  warning: machine only {idle:.0%} idle; measuring anyway")
+        self.idle_seen.append(idle)
 
     def run(self, n: int, args: list[str]) -> str:
         cmd = [self.mpiexec, "-n", str(n), *args]
+        self.wait_quiet()
         if self.verbose:
             print("  $", " ".join(cmd), file=sys.stderr, flush=True)
         proc = subprocess.Popen(
@@ -262,7 +299,7 @@ class PserverBench:
                 out=out, epochs=epochs, lr=LR, size=size, batch=batch, blocks=blocks
             )
         )
-        return [self.pserver_run, str(path), *extra]
+        return [*shlex.split(self.pserver_run), str(path), *extra]
 
     def run(self, size: float, learners: int, blocks: int, steps: int, extra: list[str]) -> tuple:
         """(payload GB/s at the server, updates/s) of one pserver run."""
@@ -289,7 +326,7 @@ def rate_from_dump(path: Path) -> tuple[float, float]:
 
 def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
     """Every configuration ``args.repeats`` times, interleaved; medians per configuration."""
-    launcher = Launcher(args.mpiexec, args.timeout, args.verbose)
+    launcher = Launcher(args.mpiexec, args.timeout, args.verbose, args.quiet_idle, args.quiet_wait)
     rows = [
         Row(s, n, b, steps_for(s, args.traffic_gib, args.min_steps, args.max_steps))
         for s in args.sizes
@@ -324,7 +361,7 @@ def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
         r.pserver_runs = [g for g, _ in ps_runs[i]]
         r.pserver_gbs = statistics.median(r.pserver_runs)
         r.pserver_updates_per_s = statistics.median(u for _, u in ps_runs[i])
-    return rows, {"raw_runs": raw_runs}
+    return rows, {"raw_runs": raw_runs, "idle_before_launches": launcher.idle_seen}
 
 
 def log(text: str) -> None:
@@ -375,6 +412,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--min-steps", type=int, default=60, help="fewest updates per run")
     p.add_argument("--max-steps", type=int, default=4000, help="most updates per run")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per mpiexec launch")
+    p.add_argument(
+        "--quiet-idle",
+        type=float,
+        default=0.8,
+        help="before each launch wait until this fraction of the CPU is idle (0: never wait)",
+    )
+    p.add_argument(
+        "--quiet-wait", type=float, default=60.0, help="longest wait for a quiet machine, s"
+    )
     p.add_argument("--json", type=Path, help="also write the table (and every run) as JSON")
     p.add_argument("--no-naive", action="store_true", help="skip the pickling parameter server")
     p.add_argument(
@@ -385,7 +431,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="extra pserver-run overrides, e.g. comm.poll_max=1e-4",
     )
     p.add_argument("--mpiexec", default=default_tool("mpiexec"), help="mpiexec to launch with")
-    p.add_argument("--pserver-run", default=default_tool("pserver-run"), help="pserver-run path")
+    p.add_argument(
+        "--pserver-run",
+        default=default_tool("pserver-run"),
+        help="command that runs one pserver rank (split like a shell line)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="print every command")
     p.add_argument("--raw", type=float, nargs="+", metavar="MIB", help=argparse.SUPPRESS)
     p.add_argument("--naive", type=float, metavar="MIB", help=argparse.SUPPRESS)
@@ -408,7 +458,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     rows, extra = measure(args)
     print(table(rows, args.repeats))
-    print(f"({time.monotonic() - t0:.0f} s; {os.cpu_count()} cores)")
+    idle = extra["idle_before_launches"]
+    seen = ""
+    if idle:
+        low, mid = min(idle), statistics.median(idle)
+        seen = f"; CPU idle before launches: min {low:.0%}, median {mid:.0%}"
+    print(f"({time.monotonic() - t0:.0f} s; {os.cpu_count()} cores{seen})")
     if args.json:
         doc = {
             "argv": sys.argv,
