@@ -63,6 +63,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchlib import cpu_idle  # noqa: E402  (scripts/ is on sys.path when run)
+
 REPO = Path(__file__).resolve().parent.parent
 RESULT = "RESULT "  # prefix of the line the --gil-worker's rank 1 prints for the driver
 DIGITS_TRAIN = 1347  # digits training samples (1,797 images, data.test_fraction = 0.25)
@@ -326,22 +328,6 @@ def gil_worker(size_mib: float, messages: int, solo_seconds: float) -> None:
 
 
 # -- driver ---------------------------------------------------------------------------------------
-
-
-def cpu_idle(seconds: float = 1.0) -> float:
-    """Fraction of all cores idle over ``seconds`` (from /proc/stat; 1.0 where there is none)."""
-
-    def sample() -> tuple[int, int]:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-        return fields[3] + fields[4], sum(fields[:8])
-
-    try:
-        idle0, total0 = sample()
-        time.sleep(seconds)
-        idle1, total1 = sample()
-    except (OSError, ValueError, IndexError):
-        return 1.0
-    return (idle1 - idle0) / max(total1 - total0, 1)
 
 
 class JobStuck(RuntimeError):

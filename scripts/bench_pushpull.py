@@ -44,6 +44,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchlib import cpu_idle  # noqa: E402  (scripts/ is on sys.path when run)
+
 MIB = 2**20
 RESULT = "RESULT "  # prefix of the line a worker prints on rank 0 for the driver
 SKIP = 10  # updates before the timing window opens (the window runs from the 10th to the last)
@@ -155,22 +157,6 @@ class Row:
     @property
     def vs_naive(self) -> float:
         return self.pserver_gbs / self.naive_gbs
-
-
-def cpu_idle(seconds: float = 1.0) -> float:
-    """Fraction of all cores idle over ``seconds`` (from /proc/stat; 1.0 where there is none)."""
-
-    def sample() -> tuple[int, int]:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-        return fields[3] + fields[4], sum(fields[:8])  # idle + iowait, total
-
-    try:
-        idle0, total0 = sample()
-        time.sleep(seconds)
-        idle1, total1 = sample()
-    except (OSError, ValueError, IndexError):
-        return 1.0
-    return (idle1 - idle0) / max(total1 - total0, 1)
 
 
 class Launcher:

@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchlib import cpu_idle  # noqa: E402  (scripts/ is on sys.path when run)
+
 RESULT = "RESULT "  # prefix of the line rank 0 prints for the driver
 MATMUL_N = 192  # matrix order of rank 0's work: a few ms per product on one core
 SOLO_SLACK = 0.3  # seconds the sleeping ranks of the solo phase sleep past rank 0's compute
@@ -136,22 +138,6 @@ def contend_worker(seconds: float) -> None:
 
 
 # -- driver ---------------------------------------------------------------------------------------
-
-
-def cpu_idle(seconds: float = 1.0) -> float:
-    """Fraction of all cores idle over ``seconds`` (from /proc/stat; 1.0 where there is none)."""
-
-    def sample() -> tuple[int, int]:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-        return fields[3] + fields[4], sum(fields[:8])  # idle + iowait, total
-
-    try:
-        idle0, total0 = sample()
-        time.sleep(seconds)
-        idle1, total1 = sample()
-    except (OSError, ValueError, IndexError):
-        return 1.0
-    return (idle1 - idle0) / max(total1 - total0, 1)
 
 
 class Launcher:
