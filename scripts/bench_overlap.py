@@ -243,6 +243,7 @@ def gil_worker(size_mib: float, messages: int, solo_seconds: float) -> None:
         ("thread", "idle"),
         ("thread", "numpy"),
         ("thread", "python"),
+        ("solo", "neighbour"),  # rank 2 measures its compute rate alone, nothing is sent
         ("thread", "neighbour"),
         ("nonblocking", "idle"),
         ("nonblocking", "numpy"),
@@ -254,13 +255,17 @@ def gil_worker(size_mib: float, messages: int, solo_seconds: float) -> None:
     waiter = Waiter(logging.getLogger("bench_overlap"), PeerLog())
     flag = np.zeros(1, np.float64)
     neighbour_solo = 0.0
-    if rank == 2:
-        done, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < solo_seconds:
-            done += _matmul_chunk(a, c)
-        neighbour_solo = done / (time.perf_counter() - t0)
     for mode, work in [("recv", "warm-up"), *cases]:
-        comm.Barrier()
+        # every rank that waits, waits in the back-off Waiter: MPICH's Barrier would busy-poll
+        # and take a core from the rank being measured (2 cores here)
+        waiter.wait(comm.Ibarrier(), "the other ranks")
+        if mode == "solo":
+            if rank == 2:
+                done, t0 = 0, time.perf_counter()
+                while time.perf_counter() - t0 < solo_seconds:
+                    done += _matmul_chunk(a, c)
+                neighbour_solo = done / (time.perf_counter() - t0)
+            continue
         if rank == 0:  # every send posted at once, waited for with pserver's back-off Waiter:
             reqs = [comm.Isend(buf, 1, 7) for _ in range(messages)]  # the sender burns no core
             waiter.waitall(reqs, "sends")
@@ -798,6 +803,7 @@ def run_gil(runner: Runner, args: argparse.Namespace) -> dict[str, Any]:
             print(f"gil: FAILED: {e}", file=sys.stderr)
     summary: dict[str, Any] = {}
     keys = [k for k in (runs[0] if runs else {}) if "/" in k and not k.endswith("warm-up")]
+    keys = [k for k in keys if not k.startswith("solo/")]
     for key in keys:
         mode = key.split("/")[0]
         ratios = [r[key]["gbps"] / r[f"{mode}/idle"]["gbps"] for r in runs]
@@ -916,8 +922,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--gil-messages",
         type=int,
-        default=40,
-        help="messages per case of the GIL check (default 40)",
+        default=80,
+        help="messages per case of the GIL check (default 80)",
     )
     p.add_argument("--gil-repeats", type=int, default=7, help="runs of the GIL check (default 7)")
     p.add_argument("--gil-worker", action="store_true", help=argparse.SUPPRESS)

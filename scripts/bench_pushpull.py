@@ -55,6 +55,11 @@ LR = 0.01
 # -- MPI programs (run under mpiexec) -------------------------------------------------------------
 
 
+def size_key(mib: float) -> str:
+    """The key of a message size in the raw results (the same for 16, 16.0 and "16")."""
+    return f"{float(mib):g}"
+
+
 def reps_for(nbytes: int, seconds: float) -> int:
     """Iterations that take about ``seconds`` at ~10 GB/s, between 20 and 2000."""
     return max(20, min(2000, int(seconds * 10e9 / max(nbytes, 1))))
@@ -95,7 +100,7 @@ def raw_worker(sizes_mib: list[float], seconds: float) -> None:
                     times.append(MPI.Wtime() - t0)
             if kind == "pickled" and n > 100:
                 n = n // 4  # the pickled path is ~10x slower: keep its share of the run small
-            out[kind][str(mib)] = buf.nbytes / statistics.median(times) / 1e9
+            out[kind][size_key(mib)] = buf.nbytes / statistics.median(times) / 1e9
     if rank == 0:
         print(RESULT + json.dumps(out), flush=True)
 
@@ -339,9 +344,11 @@ def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
                 log(f"  pserver: {r.size_mib} MiB, {r.learners} learner(s), {r.blocks} block(s)")
                 ps_runs[i].append(bench.run(r.size_mib, r.learners, r.blocks, r.steps, args.set))
     for i, r in enumerate(rows):
-        r.raw_gbs = statistics.median(x["raw"][str(r.size_mib)] for x in raw_runs)
-        r.raw_block_gbs = statistics.median(x["raw"][str(r.size_mib / r.blocks)] for x in raw_runs)
-        r.pickled_gbs = statistics.median(x["pickled"][str(r.size_mib)] for x in raw_runs)
+        r.raw_gbs = statistics.median(x["raw"][size_key(r.size_mib)] for x in raw_runs)
+        r.raw_block_gbs = statistics.median(
+            x["raw"][size_key(r.size_mib / r.blocks)] for x in raw_runs
+        )
+        r.pickled_gbs = statistics.median(x["pickled"][size_key(r.size_mib)] for x in raw_runs)
         r.naive_runs = naive_done.get((r.size_mib, r.learners), [])
         r.naive_gbs = statistics.median(r.naive_runs) if r.naive_runs else math.nan
         r.pserver_runs = [g for g, _ in ps_runs[i]]
