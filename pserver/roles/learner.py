@@ -48,6 +48,7 @@ class Learner:
         self.stopped: set[int] = set()
         self.posted: dict[int, MPI.Request] = {}  # weight payload receives, into w_comm
         self.asked: dict[int, MPI.Request] = {}  # reply headers still outstanding
+        self.pushing: list[MPI.Request] = []  # gradient sends reading ``grad``
         self.replies = header_buffer(len(self.blocks))
         self.out = header_buffer()
         self.waits_for_update = make_protocol(self.cfg, len(ctx.layout.learners)).waits_for_update
@@ -132,6 +133,9 @@ class Learner:
             return not self.asked or self.partial.ready(self.ctx.now())
 
         self.waiter.until(done, lambda: f"weights of blocks {sorted(self.asked)}")
+        # the next compute overwrites ``grad``; the server took the pushes before our pulls
+        self.waiter.waitall(self.pushing, "gradient pushes to be delivered")
+        self.pushing.clear()
         self.install(fresh)
         return len(self.stopped) < len(self.blocks)
 
@@ -180,22 +184,29 @@ class Learner:
     # -- push --------------------------------------------------------------------------------
 
     def push(self) -> None:
-        """Send every live block's gradient with the timestamp it was computed from."""
-        reqs = []
+        """Send every live block's gradient with the timestamp it was computed from.
+
+        Each push is followed at once by the next pull request of that block: the server reads
+        its control messages in order, so the pull is answered only after the gradient has been
+        taken (Rudra-base semantics unchanged), while block k's weights can travel back as
+        block k+1's gradient arrives. The sends are waited for before ``grad`` is reused.
+        """
         for b in self.blocks:
             if b.index in self.stopped:
                 continue
             hdr = Header(Tag.PUSH, b.index, self.have[b.index], self.ctx.rank)
             self.ch.ctrl.Send(hdr.pack(self.out[0]), self.owner[b.index], Tag.PUSH)
             buf = self.payloads.outgoing(b.index, self.grad[b.start : b.stop])
-            reqs.append(self.ch.bulk.Isend(buf, self.owner[b.index], b.index))
-        self.waiter.waitall(reqs, "gradient pushes to be delivered")
+            self.pushing.append(self.ch.bulk.Isend(buf, self.owner[b.index], b.index))
+            if b.index not in self.asked and self.source[b.index] == self.owner[b.index]:
+                self.ask(b)
 
     # -- end ---------------------------------------------------------------------------------
 
     def finish(self) -> None:
         """Collect late replies, cancel the idle receives, and say goodbye to everyone."""
         late: list[Block] = []
+        self.waiter.waitall(self.pushing, "the last gradient pushes to be delivered")
         while self.asked:
             index, req = next(iter(self.asked.items()))
             self.waiter.wait(req, f"the late reply of block {index}")

@@ -41,6 +41,7 @@ class BlockState:
     ts: int = 0
     applied: int = 0  # gradients that entered an update
     in_round: int = 0  # gradients accumulated into ``accum`` this round
+    held: bool = False  # the round's one gradient still sits in ``recv`` (not yet in ``accum``)
     done: bool = False
     dropped: int = 0  # gradients the protocol refused
     outgoing: Any = None  # what MPI sends the weights from (``w`` itself, or its host mirror)
@@ -134,6 +135,8 @@ class ServerShard:
 
     def on_push(self, h: Header) -> None:
         st = self.blocks[h.block]
+        if st.held:  # a second gradient joins the round: move the first out of ``recv``
+            st.recv, st.accum, st.held = st.accum, st.recv, False
         req = self.ch.bulk.Irecv(self.payloads.incoming(h.block, st.recv), h.sender, h.block)
         self.waiter.wait(req, lambda: f"gradient payload of block {h.block} from rank {h.sender}")
         self.payloads.arrived(h.block, st.recv)
@@ -168,7 +171,9 @@ class ServerShard:
         xp = self.xp
         if st.in_round == 0:  # first of the round: overwrite instead of zero-then-add
             if weight == 1.0:
-                st.recv, st.accum = st.accum, st.recv  # pointer swap, no copy
+                # left where it arrived: a round of one gradient (async, one learner) updates
+                # straight from the receive buffer, keeping the server's working set at w + recv
+                st.held = True
             else:
                 xp.multiply(st.recv, weight, out=st.accum)
         elif weight == 1.0:
@@ -180,11 +185,12 @@ class ServerShard:
     def update(self, st: BlockState) -> None:
         decision = st.protocol.commit(st.ts)
         lr = self.cfg.optim.lr * decision.lr_scale
+        g = st.recv if st.held else st.accum
         if decision.divisor != 1.0:
-            self.xp.multiply(st.accum, 1.0 / decision.divisor, out=st.accum)
+            self.xp.multiply(g, 1.0 / decision.divisor, out=g)
         self.waitall(st.inflight, f"weight sends of block {st.block.index} to drain")
-        st.updater.step(st.w, st.accum, lr)
-        st.ts, st.in_round = decision.new_timestamp, 0
+        st.updater.step(st.w, g, lr)
+        st.ts, st.in_round, st.held = decision.new_timestamp, 0, False
         st.applied += len(decision.vector_clock)
         self.record_update(st, decision, lr)
         self.after_update(st)
