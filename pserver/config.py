@@ -100,7 +100,7 @@ class BlocksConfig:
 class CommConfig:
     mode: str = "blocking"
     stall_timeout: float = 60.0  # seconds before a waiting rank logs what it waits for
-    poll_min: float = 1e-5  # back-off of an idle wait, seconds (FACTS.md: 10 us -> 1 ms)
+    poll_min: float = 1e-5  # sleeps of a wait: 1/8 of the time waited, in poll_min..poll_max
     poll_max: float = 1e-3
     staging: str = "auto"  # auto: host staging only for GPU buffers without CUDA-aware MPI
     cuda_aware: str = "auto"  # auto | yes | no: whether MPI may read GPU buffers directly

@@ -105,11 +105,16 @@ def raw_worker(sizes_mib: list[float], seconds: float) -> None:
         print(RESULT + json.dumps(out), flush=True)
 
 
-def naive_worker(size_mib: float, steps: int) -> None:
-    """A parameter server as research codes often write it: pickled arrays, blocking calls.
+def naive_worker(size_mib: float, steps: int, buffers: bool = False) -> None:
+    """A parameter server as research codes often write it: blocking calls, one array per message.
 
-    Rank 0 performs ``steps`` updates: receive a pickled gradient from any learner, ``w -= lr*g``,
-    send the pickled weights back to that learner. Learner ``i`` pushes and pulls its share.
+    Rank 0 performs ``steps`` updates: receive a gradient from any learner, ``w -= lr*g``, send
+    the weights back to that learner. Learner ``i`` pushes and pulls its share. With
+    ``buffers=False`` the arrays are pickled (lowercase ``send``/``recv``); with ``buffers=True``
+    it is the hand-written loop an MPI programmer would write instead: uppercase ``Send``/``Recv``
+    into preallocated buffers and pserver's own SGD updater (the same arithmetic), with MPICH's
+    busy-polling blocking calls. That loop has no protocol, statistics or waiting discipline: it
+    is the ceiling of a two-sided server on this machine.
     """
     import numpy as np
     from mpi4py import MPI
@@ -120,19 +125,34 @@ def naive_worker(size_mib: float, steps: int) -> None:
     comm.Barrier()
     if rank == 0:
         w, status, times = np.zeros(n, np.float32), MPI.Status(), []
+        if buffers:
+            from pserver.config import OptimConfig
+            from pserver.optim import make_updater
+
+            g = np.empty_like(w)
+            updater = make_updater(OptimConfig(rule="sgd", lr=LR, weight_decay=0.0), n, np, w.dtype)
         t0 = time.perf_counter()
         for _ in range(steps):
-            g = comm.recv(source=MPI.ANY_SOURCE, tag=0, status=status)
-            w -= LR * g
-            comm.send(w, dest=status.Get_source(), tag=1)
+            if buffers:
+                comm.Recv(g, source=MPI.ANY_SOURCE, tag=0, status=status)
+                updater.step(w, g, LR)
+                comm.Send(w, dest=status.Get_source(), tag=1)
+            else:
+                g = comm.recv(source=MPI.ANY_SOURCE, tag=0, status=status)
+                w -= LR * g
+                comm.send(w, dest=status.Get_source(), tag=1)
             times.append(time.perf_counter() - t0)
         print(RESULT + json.dumps({"times": times, "bytes_per_update": 2 * w.nbytes}), flush=True)
     else:
         g = np.full(n, 1e-3, np.float32)
         mine = steps // n_learners + (rank - 1 < steps % n_learners)
         for _ in range(mine):
-            comm.send(g, dest=0, tag=0)
-            comm.recv(source=0, tag=1)
+            if buffers:
+                comm.Send(g, dest=0, tag=0)
+                comm.Recv(g, source=0, tag=1)
+            else:
+                comm.send(g, dest=0, tag=0)
+                comm.recv(source=0, tag=1)
 
 
 # -- driver ---------------------------------------------------------------------------------------
@@ -150,9 +170,11 @@ class Row:
     raw_block_gbs: float = math.nan  # raw one-way at the block (message) size, for reference
     pickled_gbs: float = math.nan  # pickled one-way, 2 ranks
     naive_gbs: float = math.nan
+    buffer_gbs: float = math.nan  # the hand-written uppercase loop (the two-sided ceiling)
     pserver_gbs: float = math.nan
     pserver_updates_per_s: float = math.nan
     naive_runs: list[float] = field(default_factory=list)
+    buffer_runs: list[float] = field(default_factory=list)
     pserver_runs: list[float] = field(default_factory=list)
 
     @property
@@ -162,6 +184,10 @@ class Row:
     @property
     def vs_naive(self) -> float:
         return self.pserver_gbs / self.naive_gbs
+
+    @property
+    def vs_buffer(self) -> float:
+        return self.pserver_gbs / self.buffer_gbs
 
 
 class Launcher:
@@ -328,6 +354,7 @@ def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
     raw_runs: list[dict[str, dict[str, float]]] = []
     ps_runs: dict[int, list[tuple[float, float]]] = {i: [] for i in range(len(rows))}
     naive_done: dict[tuple[float, int], list[float]] = {}
+    buffer_done: dict[tuple[float, int], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench_pushpull_") as tmp:
         bench = PserverBench(launcher, args.pserver_run, digits_train_size(), Path(tmp))
         for rep in range(args.repeats):
@@ -341,6 +368,13 @@ def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
                         1 + r.learners, ["--naive", str(r.size_mib), "--steps", str(r.steps)]
                     )
                     naive_done[key].append(window_rate(res["times"], res["bytes_per_update"]))
+                if len(buffer_done.setdefault(key, [])) <= rep:
+                    log(f"  hand-written buffer PS: {r.size_mib} MiB, {r.learners} learner(s)")
+                    res = launcher.worker(
+                        1 + r.learners,
+                        ["--naive", str(r.size_mib), "--buffers", "--steps", str(r.steps)],
+                    )
+                    buffer_done[key].append(window_rate(res["times"], res["bytes_per_update"]))
                 log(f"  pserver: {r.size_mib} MiB, {r.learners} learner(s), {r.blocks} block(s)")
                 ps_runs[i].append(bench.run(r.size_mib, r.learners, r.blocks, r.steps, args.set))
     for i, r in enumerate(rows):
@@ -351,6 +385,8 @@ def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
         r.pickled_gbs = statistics.median(x["pickled"][size_key(r.size_mib)] for x in raw_runs)
         r.naive_runs = naive_done.get((r.size_mib, r.learners), [])
         r.naive_gbs = statistics.median(r.naive_runs) if r.naive_runs else math.nan
+        r.buffer_runs = buffer_done.get((r.size_mib, r.learners), [])
+        r.buffer_gbs = statistics.median(r.buffer_runs) if r.buffer_runs else math.nan
         r.pserver_runs = [g for g, _ in ps_runs[i]]
         r.pserver_gbs = statistics.median(r.pserver_runs)
         r.pserver_updates_per_s = statistics.median(u for _, u in ps_runs[i])
@@ -366,20 +402,24 @@ GB/s = payload bytes per second at the server, (received + sent) / time between 
 the last update; raw = one-way Send/Recv between 2 ranks at the model size (raw@blk: at the block
 size). The server receives and sends through one process, so pserver/raw compares its total
 payload rate with a link kept busy one way all the time: 1.0 would be a perfect two-sided server.
-pickle = the naive parameter server with lowercase send/recv (same SGD update, whole array)."""
+pickle = the naive parameter server with lowercase send/recv (same SGD update, whole array).
+buffer = the same loop hand-written with uppercase Send/Recv, preallocated buffers and pserver's
+SGD updater, blocking (busy-polling) calls and no protocol: the ceiling of a two-sided server
+here, since every update moves the model through memory three times (copy in, update, copy out)."""
 
 
 def table(rows: list[Row], repeats: int) -> str:
     head = (
         f"{'MiB':>5} {'learn':>5} {'blocks':>6} {'raw':>6} {'raw@blk':>7} {'pickle':>7} "
-        f"{'pserver':>7} {'upd/s':>7} {'ps/raw':>6} {'ps/pickle':>9}"
+        f"{'buffer':>7} {'pserver':>7} {'upd/s':>7} {'ps/raw':>6} {'ps/buf':>6} {'ps/pickle':>9}"
     )
     lines = [f"medians of {repeats} run(s); GB/s unless noted", head, "-" * len(head)]
     for r in rows:
         lines.append(
             f"{r.size_mib:>5g} {r.learners:>5d} {r.blocks:>6d} {r.raw_gbs:>6.2f} "
-            f"{r.raw_block_gbs:>7.2f} {r.naive_gbs:>7.2f} {r.pserver_gbs:>7.2f} "
-            f"{r.pserver_updates_per_s:>7.0f} {r.vs_raw:>6.2f} {r.vs_naive:>9.2f}"
+            f"{r.raw_block_gbs:>7.2f} {r.naive_gbs:>7.2f} {r.buffer_gbs:>7.2f} "
+            f"{r.pserver_gbs:>7.2f} {r.pserver_updates_per_s:>7.0f} {r.vs_raw:>6.2f} "
+            f"{r.vs_buffer:>6.2f} {r.vs_naive:>9.2f}"
         )
     return "\n".join([*lines, "", NOTE])
 
@@ -432,6 +472,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("-v", "--verbose", action="store_true", help="print every command")
     p.add_argument("--raw", type=float, nargs="+", metavar="MIB", help=argparse.SUPPRESS)
     p.add_argument("--naive", type=float, metavar="MIB", help=argparse.SUPPRESS)
+    p.add_argument("--buffers", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, default=100, help=argparse.SUPPRESS)
     p.add_argument("--raw-seconds", type=float, default=0.3, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -446,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         raw_worker(args.raw, args.raw_seconds)
         return 0
     if args.naive:
-        naive_worker(args.naive, args.steps)
+        naive_worker(args.naive, args.steps, args.buffers)
         return 0
     t0 = time.monotonic()
     rows, extra = measure(args)
@@ -461,8 +502,8 @@ def main(argv: list[str] | None = None) -> int:
         doc = {
             "argv": sys.argv,
             "cores": os.cpu_count(),
-            "rows": [dict(asdict(r), pserver_over_raw=r.vs_raw, pserver_over_pickle=r.vs_naive)
-                     for r in rows],
+            "rows": [dict(asdict(r), pserver_over_raw=r.vs_raw, pserver_over_pickle=r.vs_naive,
+                          pserver_over_buffer=r.vs_buffer) for r in rows],
             **extra,
         }  # fmt: skip
         args.json.write_text(json.dumps(doc, indent=2))

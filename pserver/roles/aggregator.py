@@ -32,7 +32,7 @@ class Relay:
     w_in: Any  # the parent's next weights land here
     recv: Any  # a child's gradient
     total: Any  # sum of this round's gradients
-    ts: int = -1  # timestamp of ``w`` (-1: nothing yet)
+    ts: int = 0  # timestamp of ``w`` (0: w0, which every rank builds from run.seed)
     stopped: bool = False
     got: set[int] = field(default_factory=set)  # children that pushed this round
     clock: list[int] = field(default_factory=list)  # (learner, timestamp) pairs, flattened
@@ -59,6 +59,8 @@ class Aggregator:
         staging = ctx.cfg.comm.staging
         self.up = Payloads(ctx.backend, ctx.blocks, weights.dtype, staging)  # gradient sums
         self.down = Payloads(ctx.backend, ctx.blocks, weights.dtype, staging)  # weights
+        for r in self.relays.values():
+            r.outgoing = self.down.outgoing(r.block.index, r.w)
         self.out = header_buffer()
         self.replies = header_buffer(len(ctx.blocks))
         self.clockbuf = np.empty(0, dtype=np.int64)
@@ -67,8 +69,9 @@ class Aggregator:
 
     def make_relay(self, b: Block, parent: int, weights: Any) -> Relay:
         xp, n = self.xp, b.size
+        w0 = xp.array(weights[b.start : b.stop], dtype=weights.dtype)
         return Relay(
-            b, parent, xp.empty(n, weights.dtype), xp.empty(n, weights.dtype),
+            b, parent, w0, xp.empty(n, weights.dtype),
             xp.empty(n, weights.dtype), xp.empty(n, weights.dtype),
         )
 

@@ -40,11 +40,13 @@ class Learner:
         lay = ctx.layout  # where each block goes: its shard, or our aggregator in a tree
         self.owner = {b.index: lay.upstream(ctx.rank, lay.servers[b.shard]) for b in self.blocks}
         self.source = dict(self.owner)  # where weights come from (a learner, with a bcast tree)
-        self.w = self.xp.asarray(weights)  # compute buffer, replaced on the first pull
+        self.w = self.xp.asarray(weights)  # compute buffer: w0, replaced by the first new model
         self.w_comm = self.xp.empty_like(self.w)
         self.grad = self.xp.empty_like(self.w)
         self.payloads = Payloads(ctx.backend, self.blocks, self.w.dtype, self.cfg.comm.staging)
-        self.have = {b.index: -1 for b in self.blocks}  # timestamp of each block we hold
+        # timestamp of each block we hold: every rank builds w0 from run.seed (cli.run), so a
+        # learner starts on timestamp 0 without pulling it (λ copies of the model at startup)
+        self.have = {b.index: 0 for b in self.blocks}
         self.stopped: set[int] = set()
         self.posted: dict[int, MPI.Request] = {}  # weight payload receives, into w_comm
         self.asked: dict[int, MPI.Request] = {}  # reply headers still outstanding
@@ -70,7 +72,7 @@ class Learner:
 
     def step(self) -> bool:
         t0 = time.perf_counter()
-        if not self.pull():
+        if self.steps > 0 and not self.pull():  # the first minibatch runs on w0
             return False
         t1 = time.perf_counter()
         X, y = self.prefetch.get()

@@ -23,7 +23,7 @@ from typing import Any
 from mpi4py import MPI
 
 from pserver.comm.payload import Payloads
-from pserver.comm.waiting import SPIN_TESTS
+from pserver.comm.waiting import BACKOFF, SPIN_TESTS, tighten_timer_slack
 from pserver.context import Context
 from pserver.roles.learner import Learner
 from pserver.topology import Block
@@ -185,8 +185,14 @@ class OverlapLearner(Learner):
         return time.perf_counter() - start
 
     def comm_loop(self) -> None:
-        """The communication thread: test the requests, sleep with back-off when idle."""
-        delay, idle = self.cfg.comm.poll_min, 0
+        """The communication thread: test the requests, sleep with back-off when idle.
+
+        The back-off is the Waiter's: each sleep is ``BACKOFF`` of the time idle so far, within
+        ``comm.poll_min`` … ``comm.poll_max``.
+        """
+        tighten_timer_slack()
+        c = self.cfg.comm
+        idle, idle_since = 0, time.monotonic()
         try:
             while not self.closing.is_set():
                 with self.lock:
@@ -194,12 +200,12 @@ class OverlapLearner(Learner):
                     if changed:
                         self.lock.notify_all()
                 if changed:
-                    delay, idle = self.cfg.comm.poll_min, 0
+                    idle, idle_since = 0, time.monotonic()
                     continue
                 idle += 1
                 if idle > SPIN_TESTS:
-                    self.closing.wait(delay)
-                    delay = min(delay * 2, self.cfg.comm.poll_max)
+                    waited = time.monotonic() - idle_since
+                    self.closing.wait(min(max(BACKOFF * waited, c.poll_min), c.poll_max))
         except BaseException as e:  # raised again on the compute thread
             with self.lock:
                 self.comm_error = e
@@ -226,7 +232,7 @@ class OverlapLearner(Learner):
         self.finish()
 
     def overlap_step(self) -> bool:
-        need_new = self.waits_for_update or -1 in self.have.values()
+        need_new = self.waits_for_update and self.steps > 0  # the first minibatch runs on w0
         pull = self.wait(
             lambda: self.all_stopped() or self.model_ready() or not need_new,
             f"weights of blocks {sorted(self.asked)}",
