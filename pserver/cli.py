@@ -83,6 +83,10 @@ def run(ctx, world) -> None:  # noqa: ANN001 - Context and MPI.Comm, imported la
     ctx.log = setup_logging(ctx.rank, ctx.layout.describe(ctx.rank), ctx.cfg.run.log_level)
     ctx.channels = Channels.create(world)
     weights = ctx.model.init_params(ctx.cfg.run.seed)  # same seed on every rank: same w0
+    if ctx.cfg.comm.transport == "shm":
+        from pserver.comm.shm import SharedWindows
+
+        ctx.shm = SharedWindows(world, ctx.layout, ctx.blocks, weights.dtype)
     world.Barrier()
     ctx.t0 = time.time()
     role = ctx.role
@@ -107,6 +111,8 @@ def run(ctx, world) -> None:  # noqa: ANN001 - Context and MPI.Comm, imported la
         from pserver.roles.statserver import StatsServer
 
         StatsServer(ctx).run()
+    if ctx.shm is not None:
+        ctx.shm.free()
     ctx.channels.free()
 
 

@@ -104,6 +104,7 @@ class CommConfig:
     poll_max: float = 1e-3
     staging: str = "auto"  # auto: host staging only for GPU buffers without CUDA-aware MPI
     cuda_aware: str = "auto"  # auto | yes | no: whether MPI may read GPU buffers directly
+    transport: str = "messages"  # messages | shm: payloads between ranks of a node (comm/shm.py)
 
 
 @dataclass
@@ -159,6 +160,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "comm.mode": ("blocking", "nonblocking", "thread"),
     "comm.staging": ("auto", "always", "never"),
     "comm.cuda_aware": ("auto", "yes", "no"),
+    "comm.transport": ("messages", "shm"),
 }
 
 POSITIVE = {
@@ -312,6 +314,18 @@ def validate(cfg: Config) -> Config:
             "cluster.tree_fanout: aggregators sum gradients before the server sees them, which "
             "psp, ssp, per-gradient learning rates and partial pulling need apart; use "
             "hardsync, softsync or async with the tree"
+        )
+    if cfg.comm.transport == "shm" and (
+        cfg.comm.mode != "blocking"
+        or cfg.cluster.tree_fanout
+        or cfg.cluster.bcast_fanout
+        or cfg.protocol.pull_fraction < 1.0
+    ):
+        raise ConfigError(
+            'comm.transport = "shm": a learner computes its next gradient in the window the '
+            "server reads, which is safe only once every block's pull has been answered: it "
+            'needs comm.mode = "blocking", no trees (cluster.tree_fanout = 0, '
+            "cluster.bcast_fanout = 0) and protocol.pull_fraction = 1"
         )
     if cfg.cluster.bcast_fanout == 1:
         raise ConfigError("cluster.bcast_fanout = 1: expected 0 (none) or a fan-out >= 2")

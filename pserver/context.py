@@ -35,6 +35,7 @@ class Context:
     log: logging.Logger
     backend: Any = None  # pserver.backend.Backend
     channels: Channels | None = None
+    shm: Any = None  # pserver.comm.shm.SharedWindows when comm.transport = "shm"
     peers: PeerLog = field(default_factory=PeerLog)
     t0: float = field(default_factory=time.time)
 
@@ -90,6 +91,11 @@ def prepare(
     backend = select_backend("cpu", 0, 1)
     if layout.role(rank) in (Role.LEARNER, Role.SERVER):
         backend = select_backend(cfg.run.device, *local, cfg.comm.cuda_aware)
+        if cfg.comm.transport == "shm" and backend.xp.__name__ != "numpy":
+            raise ConfigError(
+                'comm.transport = "shm" shares host memory between ranks, but the model is on '
+                'a GPU here: set run.device = "cpu" or comm.transport = "messages"'
+            )
     model = build_model(cfg.model, dataset.n_features, dataset.n_classes, backend.xp)
     blocks = split_blocks(
         model.n_params, model.layer_sizes, cfg.blocks.split, cfg.blocks.count, cfg.cluster.servers

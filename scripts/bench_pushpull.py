@@ -166,6 +166,7 @@ class Row:
     learners: int
     blocks: int
     steps: int
+    transport: str = "messages"  # comm.transport of the pserver runs
     raw_gbs: float = math.nan
     raw_block_gbs: float = math.nan  # raw one-way at the block (message) size, for reference
     pickled_gbs: float = math.nan  # pickled one-way, 2 ranks
@@ -345,10 +346,11 @@ def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
     """Every configuration ``args.repeats`` times, interleaved; medians per configuration."""
     launcher = Launcher(args.mpiexec, args.timeout, args.verbose, args.quiet_idle, args.quiet_wait)
     rows = [
-        Row(s, n, b, steps_for(s, args.traffic_gib, args.min_steps, args.max_steps))
+        Row(s, n, b, steps_for(s, args.traffic_gib, args.min_steps, args.max_steps), t)
         for s in args.sizes
         for n in args.learners
         for b in args.blocks
+        for t in args.transports
     ]
     msg_sizes = sorted({r.size_mib for r in rows} | {r.size_mib / r.blocks for r in rows})
     raw_runs: list[dict[str, dict[str, float]]] = []
@@ -375,8 +377,12 @@ def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
                         ["--naive", str(r.size_mib), "--buffers", "--steps", str(r.steps)],
                     )
                     buffer_done[key].append(window_rate(res["times"], res["bytes_per_update"]))
-                log(f"  pserver: {r.size_mib} MiB, {r.learners} learner(s), {r.blocks} block(s)")
-                ps_runs[i].append(bench.run(r.size_mib, r.learners, r.blocks, r.steps, args.set))
+                log(
+                    f"  pserver: {r.size_mib} MiB, {r.learners} learner(s), {r.blocks} block(s), "
+                    f"{r.transport}"
+                )
+                extra = [*args.set, f"comm.transport={r.transport}"]
+                ps_runs[i].append(bench.run(r.size_mib, r.learners, r.blocks, r.steps, extra))
     for i, r in enumerate(rows):
         r.raw_gbs = statistics.median(x["raw"][size_key(r.size_mib)] for x in raw_runs)
         r.raw_block_gbs = statistics.median(
@@ -402,7 +408,10 @@ GB/s = payload bytes per second at the server, (received + sent) / time between 
 the last update; raw = one-way Send/Recv between 2 ranks at the model size (raw@blk: at the block
 size). The server receives and sends through one process, so pserver/raw compares its total
 payload rate with a link kept busy one way all the time: 1.0 would be a perfect two-sided server.
-pickle = the naive parameter server with lowercase send/recv (same SGD update, whole array).
+via = comm.transport: messages (Isend/Irecv of every payload) or shm (the node's shared window:
+gradients are read in place by the update, weights copied out by the learner; payload bytes are
+counted the same way). pickle = the naive parameter server with lowercase send/recv (same SGD
+update, whole array).
 buffer = the same loop hand-written with uppercase Send/Recv, preallocated buffers and pserver's
 SGD updater, blocking (busy-polling) calls and no protocol: the ceiling of a two-sided server
 here, since every update moves the model through memory three times (copy in, update, copy out)."""
@@ -410,13 +419,13 @@ here, since every update moves the model through memory three times (copy in, up
 
 def table(rows: list[Row], repeats: int) -> str:
     head = (
-        f"{'MiB':>5} {'learn':>5} {'blocks':>6} {'raw':>6} {'raw@blk':>7} {'pickle':>7} "
+        f"{'MiB':>5} {'learn':>5} {'blocks':>6} {'via':>8} {'raw':>6} {'raw@blk':>7} {'pickle':>7} "
         f"{'buffer':>7} {'pserver':>7} {'upd/s':>7} {'ps/raw':>6} {'ps/buf':>6} {'ps/pickle':>9}"
     )
     lines = [f"medians of {repeats} run(s); GB/s unless noted", head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r.size_mib:>5g} {r.learners:>5d} {r.blocks:>6d} {r.raw_gbs:>6.2f} "
+            f"{r.size_mib:>5g} {r.learners:>5d} {r.blocks:>6d} {r.transport:>8} {r.raw_gbs:>6.2f} "
             f"{r.raw_block_gbs:>7.2f} {r.naive_gbs:>7.2f} {r.buffer_gbs:>7.2f} "
             f"{r.pserver_gbs:>7.2f} {r.pserver_updates_per_s:>7.0f} {r.vs_raw:>6.2f} "
             f"{r.vs_buffer:>6.2f} {r.vs_naive:>9.2f}"
@@ -438,6 +447,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sizes", type=float, nargs="+", default=[1, 16, 64], help="model MiB")
     p.add_argument("--learners", type=int, nargs="+", default=[1, 2, 4], help="learner counts")
     p.add_argument("--blocks", type=int, nargs="+", default=[1], help="blocks.count values")
+    p.add_argument(
+        "--transports",
+        nargs="+",
+        default=["messages", "shm"],
+        choices=["messages", "shm"],
+        help="comm.transport values of the pserver runs (default both)",
+    )
     p.add_argument("--repeats", type=int, default=1, help="runs per configuration (median)")
     p.add_argument(
         "--traffic-gib", type=float, default=6.0, help="server payload per run, sets the steps"

@@ -68,3 +68,19 @@ def test_every_config_key_is_documented():
     for section, table in Config().to_dict().items():
         for key in table:
             assert f"{section}.{key}" in docs or f"`{key}`" in docs, f"{section}.{key}"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["comm.mode=thread"],
+        ["comm.mode=nonblocking"],
+        ["cluster.tree_fanout=2"],
+        ["protocol.pull_fraction=0.5"],
+    ],
+)
+def test_shared_transport_refused_where_a_slot_could_be_overwritten(overrides):
+    with pytest.raises(ConfigError, match=None) as info:
+        load_config(None, ["comm.transport=shm", *overrides])
+    assert 'comm.transport = "shm"' in str(info.value)
+    load_config(None, ["comm.transport=shm"])  # blocking, flat, full pulls: accepted

@@ -43,6 +43,16 @@ class Learner:
         self.w = self.xp.asarray(weights)  # compute buffer: w0, replaced by the first new model
         self.w_comm = self.xp.empty_like(self.w)
         self.grad = self.xp.empty_like(self.w)
+        # comm.transport = "shm": blocks whose shard shares our node go through its window
+        self.ack = self.xp.empty(0, dtype=self.xp.int8)
+        self.shared = {
+            b.index: lay.servers[b.shard]
+            for b in self.blocks
+            if ctx.shm is not None and ctx.shm.shares(lay.servers[b.shard], ctx.rank)
+        }
+        if len(self.shared) == len(self.blocks) and len(lay.servers) == 1:
+            # one shard owns the whole model: compute the gradient straight into our slot
+            self.grad = ctx.shm.slot(lay.servers[0], ctx.rank)
         self.payloads = Payloads(ctx.backend, self.blocks, self.w.dtype, self.cfg.comm.staging)
         # timestamp of each block we hold: every rank builds w0 from run.seed (cli.run), so a
         # learner starts on timestamp 0 without pulling it (λ copies of the model at startup)
@@ -146,7 +156,7 @@ class Learner:
 
     def ask(self, b: Block) -> None:
         """Send a pull request (Rudra's timestamp inquiry) and post receives for the answer."""
-        if b.index not in self.posted:
+        if b.index not in self.posted and b.index not in self.shared:
             buf = self.payloads.incoming(b.index, self.w_comm[b.start : b.stop])
             self.posted[b.index] = self.ch.bulk.Irecv(buf, self.source[b.index], b.index)
         hdr = Header(Tag.PULL, b.index, self.have[b.index], self.ctx.rank, self.oldest(b))
@@ -165,9 +175,12 @@ class Learner:
         elif h.aux == Reply.CURRENT:
             self.partial.on_block(b.index, h.timestamp, now)
         elif h.aux == Reply.WEIGHTS:
-            req = self.posted.pop(b.index)
-            self.waiter.wait(req, f"weights payload of block {b.index}")
-            self.payloads.arrived(b.index, self.w_comm[b.start : b.stop])
+            if b.index in self.shared:
+                self.copy_shared(b)
+            else:
+                req = self.posted.pop(b.index)
+                self.waiter.wait(req, f"weights payload of block {b.index}")
+                self.payloads.arrived(b.index, self.w_comm[b.start : b.stop])
             if self.partial.on_block(b.index, h.timestamp, now):
                 self.have[b.index] = h.timestamp
                 fresh.append(b)
@@ -175,6 +188,13 @@ class Learner:
                 self.ask(b)
         else:
             raise WireError(f"unknown reply {h}")
+
+    def copy_shared(self, b: Block) -> None:
+        """Copy block ``b`` out of its shard's window, then let the shard update it again."""
+        shm, server = self.ctx.shm, self.shared[b.index]
+        shm.sync()
+        self.xp.copyto(self.w_comm[b.start : b.stop], shm.weights(server, b))
+        self.ch.ack.Send(self.ack, server, b.index)
 
     def install(self, fresh: list[Block]) -> None:
         if len(fresh) == len(self.blocks) and not self.posted:
@@ -197,9 +217,17 @@ class Learner:
             if b.index in self.stopped:
                 continue
             hdr = Header(Tag.PUSH, b.index, self.have[b.index], self.ctx.rank)
-            self.ch.ctrl.Send(hdr.pack(self.out[0]), self.owner[b.index], Tag.PUSH)
-            buf = self.payloads.outgoing(b.index, self.grad[b.start : b.stop])
-            self.pushing.append(self.ch.bulk.Isend(buf, self.owner[b.index], b.index))
+            if b.index in self.shared:  # the shard reads the gradient in its window
+                slot = self.ctx.shm.slot(self.shared[b.index], self.ctx.rank, b)
+                grad = self.grad[b.start : b.stop]
+                if grad.ctypes.data != slot.ctypes.data:
+                    self.xp.copyto(slot, grad)  # several shards: the slots are apart
+                self.ctx.shm.sync()
+                self.ch.ctrl.Send(hdr.pack(self.out[0]), self.owner[b.index], Tag.PUSH)
+            else:
+                self.ch.ctrl.Send(hdr.pack(self.out[0]), self.owner[b.index], Tag.PUSH)
+                buf = self.payloads.outgoing(b.index, self.grad[b.start : b.stop])
+                self.pushing.append(self.ch.bulk.Isend(buf, self.owner[b.index], b.index))
             if b.index not in self.asked and self.source[b.index] == self.owner[b.index]:
                 self.ask(b)
 

@@ -41,7 +41,7 @@ class BlockState:
     ts: int = 0
     applied: int = 0  # gradients that entered an update
     in_round: int = 0  # gradients accumulated into ``accum`` this round
-    held: bool = False  # the round's one gradient still sits in ``recv`` (not yet in ``accum``)
+    held: Any = None  # the round's one gradient where it arrived (``recv`` or a shared slot)
     done: bool = False
     dropped: int = 0  # gradients the protocol refused
     outgoing: Any = None  # what MPI sends the weights from (``w`` itself, or its host mirror)
@@ -63,6 +63,8 @@ class ServerShard:
         self.live = set(ctx.layout.children(None))  # learners, or the top aggregators
         self.total_samples = self.cfg.run.epochs * ctx.train_size
         self.out = header_buffer()
+        self.shm = ctx.shm if ctx.shm is not None and ctx.rank in ctx.shm.local else None
+        self.ack = np.empty(0, dtype=np.int8)  # shared-window copies are acknowledged empty
         self.blocks = {b.index: self.make_state(b, weights) for b in ctx.blocks_of(self.shard)}
         mine = ctx.blocks_of(self.shard)
         self.payloads = Payloads(ctx.backend, mine, weights.dtype, self.cfg.comm.staging)
@@ -78,6 +80,9 @@ class ServerShard:
     def make_state(self, b: Block, weights: Any) -> BlockState:
         xp, dtype = self.xp, weights.dtype
         w = xp.array(weights[b.start : b.stop], dtype=dtype)
+        if self.shm is not None:  # the weights live in the node's window, where learners read
+            w = self.shm.weights(self.ctx.rank, b)
+            w[...] = weights[b.start : b.stop]
         return BlockState(
             block=b,
             w=w,
@@ -135,12 +140,32 @@ class ServerShard:
 
     def on_push(self, h: Header) -> None:
         st = self.blocks[h.block]
-        if st.held:  # a second gradient joins the round: move the first out of ``recv``
-            st.recv, st.accum, st.held = st.accum, st.recv, False
-        req = self.ch.bulk.Irecv(self.payloads.incoming(h.block, st.recv), h.sender, h.block)
-        self.waiter.wait(req, lambda: f"gradient payload of block {h.block} from rank {h.sender}")
-        self.payloads.arrived(h.block, st.recv)
-        self.bytes_in += st.recv.nbytes
+        if st.held is st.recv and st.held is not None:  # a second gradient joins the round
+            st.recv, st.accum, st.held = st.accum, st.recv, None  # move the first out of recv
+        if self.shared(h):  # the learner computed it in its slot of our window
+            g = self.shm.slot(self.ctx.rank, h.sender, st.block)
+            self.shm.sync()
+        else:
+            g = st.recv
+            req = self.ch.bulk.Irecv(self.payloads.incoming(h.block, g), h.sender, h.block)
+            what = lambda: f"gradient payload of block {h.block} from rank {h.sender}"  # noqa: E731
+            self.waiter.wait(req, what)
+            self.payloads.arrived(h.block, g)
+        self.bytes_in += g.nbytes
+        try:
+            self.take_gradient(st, h, g)
+        finally:
+            if st.held is not None and st.held is not st.recv:
+                # the learner may reuse its slot once we answer its pull: keep our own copy
+                self.xp.copyto(st.accum, st.held)
+                st.held = None
+
+    def shared(self, h: Header) -> bool:
+        """Whether this push left its gradient in our shared window (a learner of our node)."""
+        return self.shm is not None and h.aux == 0 and self.shm.shares(self.ctx.rank, h.sender)
+
+    def take_gradient(self, st: BlockState, h: Header, g: Any) -> None:
+        """The protocol's decision on the gradient(s) of one push, now in ``g``."""
         entries = self.contributions(h)
         if st.done:
             self.dropped_after_stop += len(entries)
@@ -151,7 +176,7 @@ class ServerShard:
         for (learner, ts), d in zip(entries, decisions, strict=True):
             self.record_gradient(st, learner, ts, d.staleness, accepted)
         if accepted:
-            self.accumulate(st, decisions[0].weight)
+            self.accumulate(st, decisions[0].weight, g)
         else:
             st.dropped += len(entries)
         if st.protocol.ready(now):
@@ -167,30 +192,30 @@ class ServerShard:
         self.ch.ctrl.Recv(pairs, h.sender, Tag.CLOCK)
         return [(int(pairs[2 * i]), int(pairs[2 * i + 1])) for i in range(h.aux)]
 
-    def accumulate(self, st: BlockState, weight: float) -> None:
+    def accumulate(self, st: BlockState, weight: float, g: Any) -> None:
         xp = self.xp
         if st.in_round == 0:  # first of the round: overwrite instead of zero-then-add
             if weight == 1.0:
                 # left where it arrived: a round of one gradient (async, one learner) updates
-                # straight from the receive buffer, keeping the server's working set at w + recv
-                st.held = True
+                # straight from the receive buffer or the shared slot, with no copy
+                st.held = g
             else:
-                xp.multiply(st.recv, weight, out=st.accum)
+                xp.multiply(g, weight, out=st.accum)
         elif weight == 1.0:
-            xp.add(st.accum, st.recv, out=st.accum)
+            xp.add(st.accum, g, out=st.accum)
         else:
-            st.accum += weight * st.recv
+            st.accum += weight * g
         st.in_round += 1
 
     def update(self, st: BlockState) -> None:
         decision = st.protocol.commit(st.ts)
         lr = self.cfg.optim.lr * decision.lr_scale
-        g = st.recv if st.held else st.accum
+        g = st.accum if st.held is None else st.held
         if decision.divisor != 1.0:
             self.xp.multiply(g, 1.0 / decision.divisor, out=g)
         self.waitall(st.inflight, f"weight sends of block {st.block.index} to drain")
         st.updater.step(st.w, g, lr)
-        st.ts, st.in_round, st.held = decision.new_timestamp, 0, False
+        st.ts, st.in_round, st.held = decision.new_timestamp, 0, None
         st.applied += len(decision.vector_clock)
         self.record_update(st, decision, lr)
         self.after_update(st)
@@ -250,6 +275,14 @@ class ServerShard:
         elif st.ts == h.timestamp:
             self.reply(h.sender, st, Reply.CURRENT)
         else:
+            if self.shm is not None and self.shm.shares(self.ctx.rank, h.sender):
+                self.shm.sync()  # our update is visible before the reply that announces it
+                self.reply(h.sender, st, Reply.WEIGHTS)
+                # the learner copies the block out of the window; like a send, its
+                # acknowledgement must come in before the next update of the block
+                st.inflight.append(self.ch.ack.Irecv(self.ack, h.sender, st.block.index))
+                self.bytes_out += st.w.nbytes
+                return
             self.reply(h.sender, st, Reply.WEIGHTS)
             if st.staged_ts != st.ts:  # stage once per update, however many learners pull it
                 st.outgoing, st.staged_ts = self.payloads.outgoing(st.block.index, st.w), st.ts

@@ -1,0 +1,104 @@
+"""Shared-memory payloads between a server shard and the learners on its node.
+
+With ``comm.transport = "shm"`` every server shard allocates, in one MPI shared-memory window
+over the ranks of its node, its weights and one gradient slot per learner of that node. Then:
+
+* a learner computes its gradient straight into its slot (no send: with one shard the slot *is*
+  its gradient buffer) and pushes only the header; the shard's update reads the slot in place
+  (for SGD one BLAS ``axpy`` from the slot into the weights);
+* a pull answered with weights is a header; the learner copies the block out of the window and
+  acknowledges with an empty message on the ``ack`` communicator. The shard treats that
+  acknowledgement as it treats a finished ``Isend``: it does not update the block before every
+  learner it answered has its copy.
+
+Each update thus moves the model through memory twice (update, copy out) instead of three times
+(copy in, update, copy out), which is where a two-sided server's ceiling comes from
+(FACTS.md: 13-14 GB/s two-sided against 19-26 GB/s with a fused update that reads learner
+buffers in place). The slot may be overwritten by the learner's next compute only after the
+learner's pull was answered, and the shard answers a pull only after the push before it was
+handled (non-overtaking on ``ctrl``); that is why shm needs blocking mode and full pulls
+(validated in ``config.validate``). Learners on other nodes keep using messages.
+
+Memory ordering: the window is in a passive-target epoch (``Lock_all``) for the whole run; a
+writer calls ``Win.Sync`` before the message that publishes its writes and a reader calls it
+after that message arrived, as MPI's unified memory model asks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from pserver.topology import Block, Layout
+
+
+class SharedWindows:
+    """The node's window, and views of the shards' weights and gradient slots in it."""
+
+    def __init__(
+        self, world: MPI.Comm, layout: Layout, blocks: list[Block], dtype: np.dtype
+    ) -> None:
+        """Collective over ``world``: every rank calls it, in the same place of the start-up."""
+        rank = world.Get_rank()
+        self.node = world.Split_type(MPI.COMM_TYPE_SHARED)
+        leader = self.node.bcast(rank, root=0)  # a node is named by its first world rank
+        node_of = world.allgather(leader)
+        self.node_ranks = self.node.allgather(rank)  # node rank -> world rank
+        self.dtype = np.dtype(dtype)
+        self.mine = node_of[rank]
+        # learners that share a node with the shard, in rank order: slot i belongs to local[i]
+        self.local: dict[int, list[int]] = {
+            s: [lr for lr in layout.learners if node_of[lr] == node_of[s]]
+            for s in layout.servers
+            if node_of[s] == self.mine
+        }
+        self.shard_blocks = {
+            s: [b for b in blocks if b.shard == i] for i, s in enumerate(layout.servers)
+        }
+        count = 0
+        if rank in self.local:
+            count = self.shard_size(rank) * (1 + len(self.local[rank]))
+        itemsize = self.dtype.itemsize
+        self.win = MPI.Win.Allocate_shared(count * itemsize, itemsize, comm=self.node)
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        self.arrays: dict[int, np.ndarray] = {}
+        for node_rank, server in enumerate(self.node_ranks):
+            if server in self.local:
+                buf, _ = self.win.Shared_query(node_rank)
+                n = self.shard_size(server) * (1 + len(self.local[server]))
+                self.arrays[server] = np.frombuffer(buf, dtype=self.dtype, count=n)
+
+    def shard_size(self, server: int) -> int:
+        return sum(b.size for b in self.shard_blocks[server])
+
+    def shares(self, server: int, learner: int) -> bool:
+        """Whether ``learner`` and shard ``server`` exchange payloads through the window."""
+        return learner in self.local.get(server, [])
+
+    def _offset(self, server: int, b: Block) -> int:
+        return b.start - self.shard_blocks[server][0].start
+
+    def weights(self, server: int, b: Block) -> np.ndarray:
+        """Block ``b`` of the weights that shard ``server`` keeps in the window."""
+        start = self._offset(server, b)
+        return self.arrays[server][start : start + b.size]
+
+    def slot(self, server: int, learner: int, b: Block | None = None) -> np.ndarray:
+        """``learner``'s gradient slot at shard ``server``: block ``b``, or the whole shard."""
+        n = self.shard_size(server)
+        base = n * (1 + self.local[server].index(learner))
+        if b is None:
+            return self.arrays[server][base : base + n]
+        start = base + self._offset(server, b)
+        return self.arrays[server][start : start + b.size]
+
+    def sync(self) -> None:
+        """Make this rank's window writes visible / see the others' (MPI_Win_sync)."""
+        self.win.Sync()
+
+    def free(self) -> None:
+        """Collective over the node; after every rank stopped touching the window."""
+        self.arrays.clear()
+        self.win.Unlock_all()
+        self.win.Free()
+        self.node.Free()

@@ -1,0 +1,55 @@
+"""comm.transport = "shm": the same training as with messages, through the node's window."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+from mpirun import QUICKSTART, train
+
+from learners.data import load_dataset
+from learners.serial import train_serial
+from pserver.config import load_config
+from pserver.stats.reader import load_dump
+
+pytestmark = pytest.mark.mpi
+
+SHM = "comm.transport=shm"
+
+
+@pytest.mark.parametrize(
+    "servers, overrides",
+    [
+        (1, ("protocol.name=hardsync",)),  # the gradient is computed in the slot itself
+        (1, ("protocol.name=softsync", "optim.rule=nesterov", "blocks.count=3")),
+        (2, ("protocol.name=async", "optim.rule=adagrad", "blocks.count=3")),  # copied to slots
+    ],
+    ids=["hardsync", "nesterov-3-blocks", "2-shards-async-adagrad"],
+)
+def test_one_learner_reproduces_serial_sgd_through_the_window(tmp_path, servers, overrides):
+    common = ("run.epochs=2", "optim.weight_decay=0.001", f"cluster.servers={servers}", *overrides)
+    train(tmp_path, servers + 3, SHM, *common)
+    with h5py.File(tmp_path / "stats.h5", "r") as f:
+        w_parallel = f["model/weights"][:]
+        bytes_in = f["servers/bytes_in"][:].sum()
+    cfg = load_config(QUICKSTART, list(common))
+    w_serial = train_serial(cfg, load_dataset(cfg.data, cfg.run.seed))
+    np.testing.assert_allclose(w_parallel, w_serial, rtol=1e-5, atol=1e-6)
+    assert bytes_in > 0  # payloads are counted although no message carried them
+
+
+def test_four_learners_hardsync_and_softsync_through_the_window(tmp_path):
+    train(tmp_path / "hard", 7, SHM, "protocol.name=hardsync")
+    dump = load_dump(tmp_path / "hard" / "stats.h5")
+    g = dump.group("gradients")
+    assert g["staleness"].size > 1000 and np.all(g["staleness"] == 0)
+    assert dump.group("test")["error"][-1] <= 0.05
+    train(tmp_path / "soft", 7, SHM, "protocol.name=softsync", "inject.compute_time=0.003")
+    dump = load_dump(tmp_path / "soft" / "stats.h5")
+    g = dump.group("gradients")
+    sigma = g["staleness"][g["update"] >= 0]
+    assert 0.3 <= sigma.mean() <= 1.5
+    u = dump.group("updates")
+    clocks, ts = u["vector_clock"], u["timestamp"]
+    assert np.all(clocks[:, :4] < ts[:, None])  # every gradient older than its update
+    assert dump.group("test")["error"][-1] <= 0.05
