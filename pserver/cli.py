@@ -45,12 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     rank, size = world.Get_rank(), world.Get_size()
     from pserver.context import local_rank, prepare
 
-    local = local_rank(world)  # collective, so before anything that may fail on one rank only
+    local, nodes = local_rank(world)  # collective: before anything that may fail on one rank
     ctx, error = None, None
     try:
         cfg = load_config(args.config, args.overrides)
         log = setup_logging(rank, "starting", cfg.run.log_level)
-        ctx = prepare(cfg, size, rank, log, local)
+        ctx = prepare(cfg, size, rank, log, local, nodes)
     except PserverError as e:
         error = str(e)
     errors = world.allgather(error)  # tiny control data: every rank learns who failed

@@ -72,18 +72,24 @@ class Context:
 
 
 def prepare(
-    cfg: Config, world_size: int, rank: int, log: logging.Logger, local: tuple[int, int] = (0, 1)
+    cfg: Config,
+    world_size: int,
+    rank: int,
+    log: logging.Logger,
+    local: tuple[int, int] = (0, 1),
+    nodes: list[int] | None = None,
 ) -> Context:
     """Validate every input that could stop the run later; identical work on every rank.
 
     No collective call happens here: a rank that fails must not leave the others inside one.
-    ``local`` is this rank's (index, count) among the ranks of its node, for the GPU choice.
+    ``local`` is this rank's (index, count) among the ranks of its node, for the GPU choice;
+    ``nodes`` the node of every rank, for placing a tree's leaf aggregators.
     """
     from learners.data import load_dataset
     from learners.models import build_model
     from pserver.backend import select_backend
 
-    layout = make_layout(world_size, cfg)
+    layout = make_layout(world_size, cfg, nodes)
     n_learners = len(layout.learners)
     make_protocol(cfg, n_learners)  # a protocol that cannot run with this λ fails here
     inject_plan(cfg).validate(len(layout.servers), n_learners)
@@ -109,12 +115,16 @@ def prepare(
     return Context(cfg, layout, rank, dataset, model, blocks, log, backend)
 
 
-def local_rank(comm: Any) -> tuple[int, int]:
-    """This rank's index among the ranks of its node, and how many share the node (collective)."""
+def local_rank(comm: Any) -> tuple[tuple[int, int], list[int]]:
+    """This rank's (index, count) among the ranks of its node, and the node of every rank.
+
+    Collective over ``comm``. A node is named by the lowest rank on it.
+    """
     from mpi4py import MPI
 
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        return node.Get_rank(), node.Get_size()
+        leader = node.allreduce(comm.Get_rank(), op=MPI.MIN)
+        return (node.Get_rank(), node.Get_size()), comm.allgather(leader)
     finally:
         node.Free()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from pserver.config import Config
@@ -94,8 +95,12 @@ def tree_size(n_learners: int, fanout: int) -> int:
     return total
 
 
-def make_layout(world_size: int, cfg: Config) -> Layout:
-    """Assign roles; a world size that does not fit is an error that says how to fix it."""
+def make_layout(world_size: int, cfg: Config, nodes: Sequence[int] | None = None) -> Layout:
+    """Assign roles; a world size that does not fit is an error that says how to fix it.
+
+    ``nodes`` names the node of every rank (from the shared-memory split); with a tree it is
+    used to put each leaf aggregator on the node of its learners.
+    """
     n_servers, k = cfg.cluster.servers, cfg.cluster.tree_fanout
     fixed = 2 + n_servers  # stats + data + shards
     n_learners = cfg.cluster.learners
@@ -118,7 +123,7 @@ def make_layout(world_size: int, cfg: Config) -> Layout:
         learners = tuple(range(fixed, fixed + n_learners))
         layout = Layout(world_size, servers, n_servers, n_servers + 1, learners)
     else:
-        layout = tree_layout(world_size, servers, n_learners, k)
+        layout = tree_layout(world_size, servers, n_learners, k, nodes)
     if cfg.cluster.bcast_fanout:
         return replace(layout, bcast_parent=broadcast_tree(layout, cfg.cluster.bcast_fanout))
     return layout
@@ -137,12 +142,20 @@ def broadcast_tree(layout: Layout, fanout: int) -> dict[int, int]:
     }
 
 
-def tree_layout(world_size: int, servers: tuple[int, ...], n_learners: int, k: int) -> Layout:
-    """Rudra-adv's aggregator tree, ranks in depth-first order.
+def tree_layout(
+    world_size: int,
+    servers: tuple[int, ...],
+    n_learners: int,
+    k: int,
+    nodes: Sequence[int] | None = None,
+) -> Layout:
+    """Rudra-adv's aggregator tree, ranks in depth-first order, or placed by node.
 
-    Every aggregator directly precedes its subtree, so a hostfile that fills nodes with
-    consecutive ranks puts each leaf aggregator on the node of its learners (their traffic then
-    goes through shared memory), and only the sums cross the network.
+    In depth-first order every aggregator directly precedes its subtree, so a hostfile that
+    fills nodes with consecutive ranks puts each leaf aggregator on the node of its learners
+    (their traffic then goes through shared memory), and only the sums cross the network. When
+    ``nodes`` (the node of every rank) shows that the launcher placed ranks otherwise (round
+    robin, uneven slots), the ranks are reassigned by :func:`place_by_node`.
     """
     # build bottom-up with abstract ids: ("L", i) learners, ("A", j) aggregators
     level: list[tuple[str, int]] = [("L", i) for i in range(n_learners)]
@@ -167,11 +180,49 @@ def tree_layout(world_size: int, servers: tuple[int, ...], n_learners: int, k: i
         visit(top)
     first = len(servers) + 2
     rank_of = {node: first + i for i, node in enumerate(order)}
+    leaves = [(a, cs) for a, cs in kids.items() if all(c[0] == "L" for c in cs)]
+    if nodes is not None and not all(
+        nodes[rank_of[c]] == nodes[rank_of[a]] for a, cs in leaves for c in cs
+    ):
+        rank_of = place_by_node(order, leaves, range(first, world_size), nodes)
     parent = {rank_of[c]: rank_of[a] for a, cs in kids.items() for c in cs}
     learners = tuple(rank_of[("L", i)] for i in range(n_learners))
     aggregators = tuple(sorted(rank_of[("A", j)] for j in range(n_agg)))
     stats = len(servers)
     return Layout(world_size, servers, stats, stats + 1, learners, aggregators, parent)
+
+
+def place_by_node(
+    order: list[tuple[str, int]],
+    leaves: list[tuple[tuple[str, int], list[tuple[str, int]]]],
+    free_ranks: Sequence[int],
+    nodes: Sequence[int],
+) -> dict[tuple[str, int], int]:
+    """Ranks for the tree's nodes so that each leaf aggregator shares its learners' node.
+
+    Leaf groups (an aggregator and its learners) go whole, in depth-first order, to the first
+    node with room for them (the node with the most room when none has enough: the group is
+    then split across nodes as little as this greedy pass can); the upper aggregators take the
+    ranks left over.
+    """
+    free: dict[int, list[int]] = {}
+    for r in free_ranks:
+        free.setdefault(nodes[r], []).append(r)
+    rank_of: dict[tuple[str, int], int] = {}
+    for agg, kids in leaves:
+        group = [agg, *kids]
+        while group:
+            room = [n for n in free if len(free[n]) >= len(group)]
+            node = room[0] if room else max(free, key=lambda n: len(free[n]))
+            take, free[node] = free[node][: len(group)], free[node][len(group) :]
+            rank_of.update(zip(group, take, strict=False))
+            group = group[len(take) :]
+            if not free[node]:
+                del free[node]
+    rest = sorted(r for ranks in free.values() for r in ranks)
+    upper = [n for n in order if n not in rank_of]
+    rank_of.update(zip(upper, rest, strict=True))
+    return rank_of
 
 
 @dataclass(frozen=True)

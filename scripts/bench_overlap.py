@@ -473,6 +473,8 @@ class Runner:
             str(a.gil_size_mib),
             "--gil-messages",
             str(a.gil_messages),
+            "--switch-interval",
+            str(a.switch_interval),
         ]
         log = Path(self.args.out_dir) / "gil.log"
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -926,6 +928,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="messages per case of the GIL check (default 80)",
     )
     p.add_argument("--gil-repeats", type=int, default=7, help="runs of the GIL check (default 7)")
+    p.add_argument(
+        "--switch-interval",
+        type=float,
+        default=0.0,
+        help="sys.setswitchinterval of the GIL check's ranks, s (default 0: Python's 5 ms)",
+    )
     p.add_argument("--gil-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", default="", metavar="PATH", help="also write every figure as JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="print each command")
@@ -959,6 +967,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.gil_worker:
+        if args.switch_interval > 0:
+            sys.setswitchinterval(args.switch_interval)
         gil_worker(args.gil_size_mib, args.gil_messages, solo_seconds=0.5)
         return 0
     runner = Runner(args)

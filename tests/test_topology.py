@@ -46,6 +46,36 @@ def test_tree_layout_depth_first_and_parents():
     assert tree_size(8, 0) == 0
 
 
+def leaves_share_nodes(lay, nodes):
+    leaves = [a for a in lay.aggregators if all(c in lay.learners for c in lay.children(a))]
+    return all(nodes[c] == nodes[a] for a in leaves for c in lay.children(a))
+
+
+@pytest.mark.parametrize(
+    "world, learners, k, nodes",
+    [
+        (9, 4, 2, [r % 2 for r in range(9)]),  # round-robin placement over 2 nodes
+        (15, 9, 3, [r % 3 for r in range(15)]),  # over 3 nodes
+        (17, 11, 4, [0] * 7 + [1] * 5 + [2] * 5),  # uneven slots, groups of 5, 5 and 4
+        (16, 7, 2, [r % 2 for r in range(16)]),  # three levels of aggregators
+    ],
+)
+def test_tree_leaves_placed_on_their_learners_node(world, learners, k, nodes):
+    cfg = load_config(None, [f"cluster.tree_fanout={k}"])
+    dfs = make_layout(world, cfg)
+    assert not leaves_share_nodes(dfs, nodes)  # rank order alone would split the groups
+    lay = make_layout(world, cfg, nodes)
+    assert leaves_share_nodes(lay, nodes)
+    assert len(lay.learners) == learners and len(lay.aggregators) == len(dfs.aggregators)
+    used = sorted([*lay.servers, lay.stats, lay.data, *lay.learners, *lay.aggregators])
+    assert used == list(range(world))  # every rank exactly once
+    # the same tree shape: each aggregator has as many children as in depth-first order
+    assert sorted(len(lay.children(a)) for a in lay.aggregators) == sorted(
+        len(dfs.children(a)) for a in dfs.aggregators
+    )
+    assert make_layout(world, cfg, [0] * world) == dfs  # one node: depth-first order kept
+
+
 def test_broadcast_tree_heap():
     cfg = load_config(None, ["cluster.bcast_fanout=2", "comm.mode=thread"])
     lay = make_layout(10, cfg)
