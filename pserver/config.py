@@ -105,6 +105,7 @@ class CommConfig:
     staging: str = "auto"  # auto: host staging only for GPU buffers without CUDA-aware MPI
     cuda_aware: str = "auto"  # auto | yes | no: whether MPI may read GPU buffers directly
     transport: str = "messages"  # messages | shm: payloads between ranks of a node (comm/shm.py)
+    switch_interval: float = 5e-4  # sys.setswitchinterval: how soon a comm thread gets the GIL
 
 
 @dataclass
@@ -177,6 +178,7 @@ POSITIVE = {
     "comm.stall_timeout",
     "comm.poll_min",
     "comm.poll_max",
+    "comm.switch_interval",
     "stats.flush_interval",
     "stats.test_every",
     "cluster.servers",
