@@ -42,6 +42,19 @@ class Reply(enum.IntEnum):
     STOP = 3  # training is over for this block
 
 
+VERSION_SHIFT = 8  # a reply's aux: the Reply kind in the low byte, a window version above it
+
+
+def reply_aux(kind: Reply, version: int = 0) -> int:
+    """The aux word of a reply: its kind, and which shared-window version holds the weights."""
+    return int(kind) | (version << VERSION_SHIFT)
+
+
+def split_reply(aux: int) -> tuple[int, int]:
+    """(kind, window version) of a reply's aux word."""
+    return aux & ((1 << VERSION_SHIFT) - 1), aux >> VERSION_SHIFT
+
+
 class WireError(PserverError):
     """A message that breaks the contract (unknown kind, wrong size)."""
 
@@ -69,7 +82,11 @@ class Header:
         return cls(kind, int(buf[1]), int(buf[2]), int(buf[3]), int(buf[4]))
 
     def __str__(self) -> str:
-        aux = Reply(self.aux).name if self.kind is Tag.REPLY else self.aux
+        aux: object = self.aux
+        if self.kind is Tag.REPLY:
+            kind, version = split_reply(self.aux)
+            name = Reply(kind).name if kind in Reply._value2member_map_ else str(kind)
+            aux = f"{name}@v{version}" if version else name
         return f"{self.kind.name}(block={self.block}, ts={self.timestamp}, aux={aux})"
 
 

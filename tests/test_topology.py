@@ -103,3 +103,11 @@ def test_header_round_trip_and_unknown_kind():
     buf[0] = 99
     with pytest.raises(WireError, match="unknown message kind 99"):
         Header.unpack(buf)
+
+
+def test_reply_aux_carries_kind_and_window_version():
+    from pserver.wire import Reply, reply_aux, split_reply
+
+    assert split_reply(reply_aux(Reply.WEIGHTS, 5)) == (Reply.WEIGHTS, 5)
+    assert split_reply(int(Reply.STOP)) == (Reply.STOP, 0)
+    assert str(Header(Tag.REPLY, 0, 3, 1, reply_aux(Reply.WEIGHTS, 2))).endswith("WEIGHTS@v2)")

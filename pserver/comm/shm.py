@@ -9,13 +9,18 @@ over the ranks of its node, its weights and one gradient slot per learner of tha
 * a pull answered with weights is a header; the learner copies the block out of the window and
   acknowledges with an empty message on the ``ack`` communicator. The shard treats that
   acknowledgement as it treats a finished ``Isend``: it does not update the block before every
-  learner it answered has its copy.
+  learner it answered has its copy;
+* with one shard holding the model in one block, not even that copy is made: the shard keeps
+  1 + (learners of its node) versions of the weights, the reply names the version, and the
+  learner computes on it in place until its next push. The shard updates the current version in
+  place when no learner is computing on it, else first copies it to a version nobody reads
+  (there always is one), so a learner's weights never change under it.
 
-Each update thus moves the model through memory twice (update, copy out) instead of three times
-(copy in, update, copy out), which is where a two-sided server's ceiling comes from
-(FACTS.md: 13-14 GB/s two-sided against 19-26 GB/s with a fused update that reads learner
-buffers in place). The slot may be overwritten by the learner's next compute only after the
-learner's pull was answered, and the shard answers a pull only after the push before it was
+Each update thus moves the model through memory twice (update, copy out), or once with versions,
+instead of three times (copy in, update, copy out), which is where a two-sided server's ceiling
+comes from (FACTS.md: 13-14 GB/s two-sided against 19-26 GB/s with a fused update that reads
+learner buffers in place). The slot may be overwritten by the learner's next compute only after
+the learner's pull was answered, and the shard answers a pull only after the push before it was
 handled (non-overtaking on ``ctrl``); that is why shm needs blocking mode and full pulls
 (validated in ``config.validate``). Learners on other nodes keep using messages.
 
@@ -55,9 +60,13 @@ class SharedWindows:
         self.shard_blocks = {
             s: [b for b in blocks if b.shard == i] for i, s in enumerate(layout.servers)
         }
+        # weight versions per shard: one, or with a single shard of a single block (the learner
+        # computes on the whole model in place) one more than the learners that may read one
+        single = len(layout.servers) == 1 and len(blocks) == 1
+        self.versions = {s: 1 + len(ls) if single else 1 for s, ls in self.local.items()}
         count = 0
         if rank in self.local:
-            count = self.shard_size(rank) * (1 + len(self.local[rank]))
+            count = self.shard_size(rank) * (self.versions[rank] + len(self.local[rank]))
         itemsize = self.dtype.itemsize
         self.win = MPI.Win.Allocate_shared(count * itemsize, itemsize, comm=self.node)
         self.win.Lock_all(MPI.MODE_NOCHECK)
@@ -65,7 +74,7 @@ class SharedWindows:
         for node_rank, server in enumerate(self.node_ranks):
             if server in self.local:
                 buf, _ = self.win.Shared_query(node_rank)
-                n = self.shard_size(server) * (1 + len(self.local[server]))
+                n = self.shard_size(server) * (self.versions[server] + len(self.local[server]))
                 self.arrays[server] = np.frombuffer(buf, dtype=self.dtype, count=n)
 
     def shard_size(self, server: int) -> int:
@@ -78,15 +87,19 @@ class SharedWindows:
     def _offset(self, server: int, b: Block) -> int:
         return b.start - self.shard_blocks[server][0].start
 
-    def weights(self, server: int, b: Block) -> np.ndarray:
-        """Block ``b`` of the weights that shard ``server`` keeps in the window."""
-        start = self._offset(server, b)
+    def zero_copy(self, server: int) -> bool:
+        """Whether learners compute on shard ``server``'s window versions without copying."""
+        return self.versions.get(server, 1) > 1
+
+    def weights(self, server: int, b: Block, version: int = 0) -> np.ndarray:
+        """Block ``b`` of version ``version`` of the weights shard ``server`` keeps here."""
+        start = self.shard_size(server) * version + self._offset(server, b)
         return self.arrays[server][start : start + b.size]
 
     def slot(self, server: int, learner: int, b: Block | None = None) -> np.ndarray:
         """``learner``'s gradient slot at shard ``server``: block ``b``, or the whole shard."""
         n = self.shard_size(server)
-        base = n * (1 + self.local[server].index(learner))
+        base = n * (self.versions[server] + self.local[server].index(learner))
         if b is None:
             return self.arrays[server][base : base + n]
         start = base + self._offset(server, b)

@@ -24,7 +24,7 @@ from pserver.partial_pull import PartialPull
 from pserver.protocols import make_protocol
 from pserver.roles.prefetch import Prefetcher
 from pserver.topology import Block
-from pserver.wire import Header, Reply, Tag, WireError, header_buffer, reply_tag
+from pserver.wire import Header, Reply, Tag, WireError, header_buffer, reply_tag, split_reply
 
 
 class Learner:
@@ -53,6 +53,9 @@ class Learner:
         if len(self.shared) == len(self.blocks) and len(lay.servers) == 1:
             # one shard owns the whole model: compute the gradient straight into our slot
             self.grad = ctx.shm.slot(lay.servers[0], ctx.rank)
+        # one shard, one block: compute on the window version the reply names, without a copy
+        self.zero_copy = bool(self.shared) and ctx.shm.zero_copy(lay.servers[0])
+        self.window_w: Any = None
         self.payloads = Payloads(ctx.backend, self.blocks, self.w.dtype, self.cfg.comm.staging)
         # timestamp of each block we hold: every rank builds w0 from run.seed (cli.run), so a
         # learner starts on timestamp 0 without pulling it (λ copies of the model at startup)
@@ -170,12 +173,16 @@ class Learner:
         if h.kind is not Tag.REPLY or h.block != b.index:
             raise WireError(f"learner expected a reply for block {b.index}, got {h}")
         now = self.ctx.now()
-        if h.aux == Reply.STOP:
+        kind, version = split_reply(h.aux)
+        if kind == Reply.STOP:
             self.stopped.add(b.index)
-        elif h.aux == Reply.CURRENT:
+        elif kind == Reply.CURRENT:
             self.partial.on_block(b.index, h.timestamp, now)
-        elif h.aux == Reply.WEIGHTS:
-            if b.index in self.shared:
+        elif kind == Reply.WEIGHTS:
+            if self.zero_copy:  # ours to compute on until our next push
+                self.ctx.shm.sync()
+                self.window_w = self.ctx.shm.weights(self.shared[b.index], b, version)
+            elif b.index in self.shared:
                 self.copy_shared(b)
             else:
                 req = self.posted.pop(b.index)
@@ -197,6 +204,10 @@ class Learner:
         self.ch.ack.Send(self.ack, server, b.index)
 
     def install(self, fresh: list[Block]) -> None:
+        if self.zero_copy:
+            if fresh:
+                self.w = self.window_w
+            return
         if len(fresh) == len(self.blocks) and not self.posted:
             self.w, self.w_comm = self.w_comm, self.w  # whole new model: pointer swap
             return

@@ -24,7 +24,7 @@ from pserver.context import Context
 from pserver.optim import make_updater
 from pserver.protocols import Arrival, Protocol, UpdateDecision, make_protocol
 from pserver.topology import Block
-from pserver.wire import Header, Reply, Tag, WireError, header_buffer, reply_tag
+from pserver.wire import Header, Reply, Tag, WireError, header_buffer, reply_aux, reply_tag
 
 
 @dataclass
@@ -42,6 +42,8 @@ class BlockState:
     applied: int = 0  # gradients that entered an update
     in_round: int = 0  # gradients accumulated into ``accum`` this round
     held: Any = None  # the round's one gradient where it arrived (``recv`` or a shared slot)
+    version: int = 0  # which shared-window version ``w`` is (comm.transport = "shm")
+    readers: dict[int, int] = field(default_factory=dict)  # learner -> version it computes on
     done: bool = False
     dropped: int = 0  # gradients the protocol refused
     outgoing: Any = None  # what MPI sends the weights from (``w`` itself, or its host mirror)
@@ -65,6 +67,7 @@ class ServerShard:
         self.out = header_buffer()
         self.shm = ctx.shm if ctx.shm is not None and ctx.rank in ctx.shm.local else None
         self.ack = np.empty(0, dtype=np.int8)  # shared-window copies are acknowledged empty
+        self.zero_copy = self.shm is not None and self.shm.zero_copy(ctx.rank)
         self.blocks = {b.index: self.make_state(b, weights) for b in ctx.blocks_of(self.shard)}
         mine = ctx.blocks_of(self.shard)
         self.payloads = Payloads(ctx.backend, mine, weights.dtype, self.cfg.comm.staging)
@@ -145,6 +148,7 @@ class ServerShard:
         if self.shared(h):  # the learner computed it in its slot of our window
             g = self.shm.slot(self.ctx.rank, h.sender, st.block)
             self.shm.sync()
+            st.readers.pop(h.sender, None)  # done computing: it reads no version until answered
         else:
             g = st.recv
             req = self.ch.bulk.Irecv(self.payloads.incoming(h.block, g), h.sender, h.block)
@@ -214,6 +218,12 @@ class ServerShard:
         if decision.divisor != 1.0:
             self.xp.multiply(g, 1.0 / decision.divisor, out=g)
         self.waitall(st.inflight, f"weight sends of block {st.block.index} to drain")
+        if st.version in st.readers.values():  # a learner computes on these weights: leave them
+            free = set(range(self.shm.versions[self.ctx.rank])) - set(st.readers.values())
+            st.version = min(free)  # never empty: one version more than there are learners
+            w = self.shm.weights(self.ctx.rank, st.block, st.version)
+            self.xp.copyto(w, st.w)
+            st.w = w
         st.updater.step(st.w, g, lr)
         st.ts, st.in_round, st.held = decision.new_timestamp, 0, None
         st.applied += len(decision.vector_clock)
@@ -273,7 +283,14 @@ class ServerShard:
         elif st.ts < h.aux or not st.protocol.pull_ready(self.ctx.layout.index(h.sender)):
             st.waiting_pulls.append(h)
         elif st.ts == h.timestamp:
+            if self.zero_copy and self.shm.shares(self.ctx.rank, h.sender):
+                st.readers[h.sender] = st.version  # it goes on computing on its version
             self.reply(h.sender, st, Reply.CURRENT)
+        elif self.zero_copy and self.shm.shares(self.ctx.rank, h.sender):
+            self.shm.sync()  # our update is visible before the reply that announces it
+            st.readers[h.sender] = st.version  # not written until its next push
+            self.reply(h.sender, st, Reply.WEIGHTS, st.version)
+            self.bytes_out += st.w.nbytes
         else:
             if self.shm is not None and self.shm.shares(self.ctx.rank, h.sender):
                 self.shm.sync()  # our update is visible before the reply that announces it
@@ -289,8 +306,9 @@ class ServerShard:
             st.inflight.append(self.ch.bulk.Isend(st.outgoing, h.sender, st.block.index))
             self.bytes_out += st.w.nbytes
 
-    def reply(self, dest: int, st: BlockState, kind: Reply) -> None:
-        Header(Tag.REPLY, st.block.index, st.ts, self.ctx.rank, int(kind)).pack(self.out[0])
+    def reply(self, dest: int, st: BlockState, kind: Reply, version: int = 0) -> None:
+        aux = reply_aux(kind, version)
+        Header(Tag.REPLY, st.block.index, st.ts, self.ctx.rank, aux).pack(self.out[0])
         self.ch.down.Send(self.out[0], dest, reply_tag(st.block.index))
 
     def on_bye(self, h: Header) -> None:
