@@ -106,6 +106,8 @@ def prepare(
     blocks = split_blocks(
         model.n_params, model.layer_sizes, cfg.blocks.split, cfg.blocks.count, cfg.cluster.servers
     )
+    if cfg.comm.transport == "shm":
+        check_shared_memory(layout, blocks, nodes or [0] * world_size, model.dtype.itemsize)
     dump = Path(cfg.run.out_dir) / DUMP_NAME
     if dump.exists() and not cfg.run.overwrite:
         raise ConfigError(
@@ -113,6 +115,28 @@ def prepare(
             "another run.out_dir"
         )
     return Context(cfg, layout, rank, dataset, model, blocks, log, backend)
+
+
+def check_shared_memory(
+    layout: Layout, blocks: list[Block], nodes: list[int], itemsize: int
+) -> None:
+    """comm.transport = "shm": the window must fit in the node's shared memory (/dev/shm)."""
+    import shutil
+
+    from pserver.comm.shm import window_bytes
+
+    need = window_bytes(layout, blocks, nodes, itemsize)
+    shm_dir = Path("/dev/shm")
+    if not shm_dir.is_dir():
+        return  # no tmpfs to ask (not Linux): MPI reports a failed allocation itself
+    free = shutil.disk_usage(shm_dir).free
+    if need > 0.9 * free:
+        raise ConfigError(
+            f'comm.transport = "shm" needs {need / 2**20:.0f} MiB of shared memory per node '
+            f"(weight versions + one gradient slot per learner), but {shm_dir} has "
+            f"{free / 2**20:.0f} MiB free: use comm.transport = \"messages\", more blocks or "
+            "shards, or a larger /dev/shm"
+        )
 
 
 def local_rank(comm: Any) -> tuple[tuple[int, int], list[int]]:

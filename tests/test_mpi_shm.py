@@ -5,7 +5,7 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
-from mpirun import QUICKSTART, train
+from mpirun import QUICKSTART, run_job, train
 
 from learners.data import load_dataset
 from learners.serial import train_serial
@@ -53,3 +53,29 @@ def test_four_learners_hardsync_and_softsync_through_the_window(tmp_path):
     clocks, ts = u["vector_clock"], u["timestamp"]
     assert np.all(clocks[:, :4] < ts[:, None])  # every gradient older than its update
     assert dump.group("test")["error"][-1] <= 0.05
+
+
+def test_window_too_big_for_dev_shm_is_refused_before_training(tmp_path):
+    res = run_job(
+        4,
+        [str(QUICKSTART), f"run.out_dir={tmp_path}", SHM, "model.kind=null",
+         "model.size_mib=1000000"],
+    )  # fmt: skip
+    assert res.returncode == 2, res.output
+    assert 'comm.transport = "shm" needs' in res.stderr and "/dev/shm" in res.stderr
+    assert not (tmp_path / "stats.h5").exists()
+
+
+def test_window_plan_versions_and_slots():
+    from pserver.comm.shm import plan, window_bytes
+    from pserver.topology import make_layout, split_blocks
+
+    cfg = load_config(None, ["cluster.servers=1"])
+    lay = make_layout(7, cfg)  # shard 0, stats 1, data 2, learners 3-6
+    one = split_blocks(100, [100], "size", 1, 1)
+    local, versions = plan(lay, one, [0] * 7, 0)
+    assert local == {0: [3, 4, 5, 6]} and versions == {0: 5}  # a version per learner + 1
+    assert window_bytes(lay, one, [0] * 7, 4) == 100 * (5 + 4) * 4
+    nodes = [0, 0, 0, 0, 1, 1, 1]  # learners 4-6 on another node: messages for them
+    local, versions = plan(lay, split_blocks(100, [100], "size", 4, 1), nodes, 0)
+    assert local == {0: [3]} and versions == {0: 1}  # several blocks: one version, copies

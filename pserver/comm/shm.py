@@ -37,6 +37,35 @@ from mpi4py import MPI
 from pserver.topology import Block, Layout
 
 
+def plan(
+    layout: Layout, blocks: list[Block], node_of: list[int], node: int
+) -> tuple[dict[int, list[int]], dict[int, int]]:
+    """For the shards on ``node``: their learners on that node, and their weight versions.
+
+    Slot i of a shard belongs to the i-th of its local learners (rank order). A shard keeps one
+    version of its weights, or, when it is the only shard and holds the model in one block (the
+    learners then compute on a version in place), one more than its local learners, so a free
+    version always exists for an update.
+    """
+    local = {
+        s: [lr for lr in layout.learners if node_of[lr] == node]
+        for s in layout.servers
+        if node_of[s] == node
+    }
+    single = len(layout.servers) == 1 and len(blocks) == 1
+    return local, {s: 1 + len(ls) if single else 1 for s, ls in local.items()}
+
+
+def window_bytes(layout: Layout, blocks: list[Block], node_of: list[int], itemsize: int) -> int:
+    """Shared memory the window of this rank's node will take (for the check before training)."""
+    total = 0
+    for node in set(node_of):
+        local, versions = plan(layout, blocks, node_of, node)
+        sizes = {s: sum(b.size for b in blocks if layout.servers[b.shard] == s) for s in local}
+        total = max(total, sum(sizes[s] * (versions[s] + len(local[s])) for s in local))
+    return total * itemsize
+
+
 class SharedWindows:
     """The node's window, and views of the shards' weights and gradient slots in it."""
 
@@ -51,19 +80,10 @@ class SharedWindows:
         self.node_ranks = self.node.allgather(rank)  # node rank -> world rank
         self.dtype = np.dtype(dtype)
         self.mine = node_of[rank]
-        # learners that share a node with the shard, in rank order: slot i belongs to local[i]
-        self.local: dict[int, list[int]] = {
-            s: [lr for lr in layout.learners if node_of[lr] == node_of[s]]
-            for s in layout.servers
-            if node_of[s] == self.mine
-        }
+        self.local, self.versions = plan(layout, blocks, node_of, self.mine)
         self.shard_blocks = {
             s: [b for b in blocks if b.shard == i] for i, s in enumerate(layout.servers)
         }
-        # weight versions per shard: one, or with a single shard of a single block (the learner
-        # computes on the whole model in place) one more than the learners that may read one
-        single = len(layout.servers) == 1 and len(blocks) == 1
-        self.versions = {s: 1 + len(ls) if single else 1 for s, ls in self.local.items()}
         count = 0
         if rank in self.local:
             count = self.shard_size(rank) * (self.versions[rank] + len(self.local[rank]))
