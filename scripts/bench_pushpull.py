@@ -33,10 +33,7 @@ import json
 import math
 import os
 import shlex
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,10 +41,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchlib import cpu_idle  # noqa: E402  (scripts/ is on sys.path when run)
+from benchlib import RESULT, Launcher, default_tool  # noqa: E402  (scripts/ on sys.path)
 
 MIB = 2**20
-RESULT = "RESULT "  # prefix of the line a worker prints on rank 0 for the driver
 SKIP = 10  # updates before the timing window opens (the window runs from the 10th to the last)
 LR = 0.01
 
@@ -191,59 +187,6 @@ class Row:
         return self.pserver_gbs / self.buffer_gbs
 
 
-class Launcher:
-    """Runs mpiexec jobs under a timeout, killing the whole process group when it expires.
-
-    Before each launch it waits (up to ``quiet_wait`` s) for the machine to be at least
-    ``quiet_idle`` idle, since other people's jobs on a 2-core machine swamp any figure; the
-    idle fraction seen before each launch is kept in ``idle_seen``.
-    """
-
-    def __init__(
-        self, mpiexec: str, timeout: float, verbose: bool, quiet_idle: float, quiet_wait: float
-    ) -> None:
-        self.mpiexec, self.timeout, self.verbose = mpiexec, timeout, verbose
-        self.quiet_idle, self.quiet_wait = quiet_idle, quiet_wait
-        self.env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-        self.idle_seen: list[float] = []
-
-    def wait_quiet(self) -> None:
-        if self.quiet_idle <= 0:
-            return
-        deadline = time.monotonic() + self.quiet_wait
-        while (idle := cpu_idle()) < self.quiet_idle and time.monotonic() < deadline:
-            pass
-        if idle < self.quiet_idle:
-            log(f"  warning: machine only {idle:.0%} idle; measuring anyway")
-        self.idle_seen.append(idle)
-
-    def run(self, n: int, args: list[str]) -> str:
-        cmd = [self.mpiexec, "-n", str(n), *args]
-        self.wait_quiet()
-        if self.verbose:
-            print("  $", " ".join(cmd), file=sys.stderr, flush=True)
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=self.env, start_new_session=True,
-        )  # fmt: skip
-        try:
-            out, err = proc.communicate(timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise RuntimeError(f"timed out after {self.timeout:.0f} s: {' '.join(cmd)}") from None
-        if proc.returncode != 0:
-            raise RuntimeError(f"exit {proc.returncode}: {' '.join(cmd)}\n{err[-3000:]}")
-        return out
-
-    def worker(self, n: int, args: list[str]) -> dict[str, Any]:
-        out = self.run(n, [sys.executable, str(Path(__file__).resolve()), *args])
-        lines = [ln for ln in out.splitlines() if ln.startswith(RESULT)]
-        if not lines:
-            raise RuntimeError(f"no result from {args}:\n{out[-2000:]}")
-        return json.loads(lines[-1][len(RESULT) :])
-
-
 def window_rate(times: list[float], bytes_per_update: float) -> float:
     """Payload GB/s between update number ``SKIP`` and the last one."""
     if len(times) < SKIP + 5:
@@ -344,7 +287,9 @@ def rate_from_dump(path: Path) -> tuple[float, float]:
 
 def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
     """Every configuration ``args.repeats`` times, interleaved; medians per configuration."""
-    launcher = Launcher(args.mpiexec, args.timeout, args.verbose, args.quiet_idle, args.quiet_wait)
+    launcher = Launcher(
+        __file__, args.mpiexec, args.timeout, args.verbose, args.quiet_idle, args.quiet_wait
+    )
     rows = [
         Row(s, n, b, steps_for(s, args.traffic_gib, args.min_steps, args.max_steps), t)
         for s in args.sizes
@@ -431,11 +376,6 @@ def table(rows: list[Row], repeats: int) -> str:
             f"{r.vs_buffer:>6.2f} {r.vs_naive:>9.2f}"
         )
     return "\n".join([*lines, "", NOTE])
-
-
-def default_tool(name: str) -> str:
-    sibling = Path(sys.executable).with_name(name)
-    return str(sibling) if sibling.exists() else (shutil.which(name) or name)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

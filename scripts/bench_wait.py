@@ -31,18 +31,14 @@ import argparse
 import json
 import logging
 import os
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import cpu_idle  # noqa: E402  (scripts/ is on sys.path when run)
+from benchlib import RESULT, Launcher, default_tool  # noqa: E402  (scripts/ on sys.path)
 
-RESULT = "RESULT "  # prefix of the line rank 0 prints for the driver
 MATMUL_N = 192  # matrix order of rank 0's work: a few ms per product on one core
 SOLO_SLACK = 0.3  # seconds the sleeping ranks of the solo phase sleep past rank 0's compute
 
@@ -140,53 +136,6 @@ def contend_worker(seconds: float) -> None:
 # -- driver ---------------------------------------------------------------------------------------
 
 
-class Launcher:
-    """Runs this file's workers under mpiexec with a timeout (the whole group is killed).
-
-    Before each launch it waits (up to ``quiet_wait`` s) until the machine is ``quiet_idle``
-    idle: on a shared 2-core machine other people's jobs would swamp the figures.
-    """
-
-    def __init__(
-        self, mpiexec: str, timeout: float, verbose: bool, quiet_idle: float, quiet_wait: float
-    ) -> None:
-        self.mpiexec, self.timeout, self.verbose = mpiexec, timeout, verbose
-        self.quiet_idle, self.quiet_wait = quiet_idle, quiet_wait
-        self.env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-        self.env["MKL_NUM_THREADS"] = "1"
-        self.idle_seen: list[float] = []
-
-    def wait_quiet(self) -> None:
-        if self.quiet_idle <= 0:
-            return
-        deadline = time.monotonic() + self.quiet_wait
-        while (idle := cpu_idle()) < self.quiet_idle and time.monotonic() < deadline:
-            pass
-        if idle < self.quiet_idle:
-            print(f"  warning: machine only {idle:.0%} idle; measuring anyway", file=sys.stderr)
-        self.idle_seen.append(idle)
-
-    def worker(self, n: int, args: list[str]) -> dict[str, Any]:
-        cmd = [self.mpiexec, "-n", str(n), sys.executable, str(Path(__file__).resolve()), *args]
-        self.wait_quiet()
-        if self.verbose:
-            print("  $", " ".join(cmd), file=sys.stderr, flush=True)
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=self.env, start_new_session=True,
-        )  # fmt: skip
-        try:
-            out, err = proc.communicate(timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise RuntimeError(f"timed out after {self.timeout:.0f} s: {' '.join(cmd)}") from None
-        lines = [ln for ln in out.splitlines() if ln.startswith(RESULT)]
-        if proc.returncode != 0 or not lines:
-            raise RuntimeError(f"exit {proc.returncode}: {' '.join(cmd)}\n{err[-3000:]}")
-        return json.loads(lines[-1][len(RESULT) :])
-
-
 def med(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -232,11 +181,6 @@ def contend_table(runs: list[dict[str, Any]], ranks: int, seconds: float) -> str
     return "\n".join(lines)
 
 
-def default_tool(name: str) -> str:
-    sibling = Path(sys.executable).with_name(name)
-    return str(sibling) if sibling.exists() else (shutil.which(name) or name)
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -278,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker == "contend":
         contend_worker(args.contend_seconds)
         return 0
-    launcher = Launcher(args.mpiexec, args.timeout, args.verbose, args.quiet_idle, args.quiet_wait)
+    launcher = Launcher(
+        __file__, args.mpiexec, args.timeout, args.verbose, args.quiet_idle, args.quiet_wait
+    )
     common = ["--idle-seconds", str(args.idle_seconds)]
     common += ["--contend-seconds", str(args.contend_seconds)]
     common += [f"--{k.replace('_', '-')}={v}" for k, v in POLL.items()]

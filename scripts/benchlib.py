@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Any
+
+RESULT = "RESULT "  # prefix of the line a worker rank prints for the driver
 
 
 def cpu_idle(seconds: float = 1.0) -> float:
@@ -20,3 +29,73 @@ def cpu_idle(seconds: float = 1.0) -> float:
     except (OSError, ValueError, IndexError):
         return 1.0
     return (idle1 - idle0) / max(total1 - total0, 1)
+
+
+def default_tool(name: str) -> str:
+    """``name`` next to this Python (the .venv's mpiexec), else on PATH."""
+    sibling = Path(sys.executable).with_name(name)
+    return str(sibling) if sibling.exists() else (shutil.which(name) or name)
+
+
+class Launcher:
+    """Runs mpiexec jobs under a timeout, killing the whole process group when it expires.
+
+    Before each launch it waits (up to ``quiet_wait`` s) for the machine to be at least
+    ``quiet_idle`` idle, since other people's jobs on a 2-core machine swamp any figure; the
+    idle fraction seen before each launch is kept in ``idle_seen``. Every job gets one BLAS
+    thread per rank. ``script`` is the benchmark whose ``worker`` modes run under mpiexec.
+    """
+
+    def __init__(
+        self,
+        script: str,
+        mpiexec: str,
+        timeout: float,
+        verbose: bool,
+        quiet_idle: float,
+        quiet_wait: float,
+    ) -> None:
+        self.script = str(Path(script).resolve())
+        self.mpiexec, self.timeout, self.verbose = mpiexec, timeout, verbose
+        self.quiet_idle, self.quiet_wait = quiet_idle, quiet_wait
+        self.env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        self.env["MKL_NUM_THREADS"] = "1"
+        self.idle_seen: list[float] = []
+
+    def wait_quiet(self) -> None:
+        if self.quiet_idle <= 0:
+            return
+        deadline = time.monotonic() + self.quiet_wait
+        while (idle := cpu_idle()) < self.quiet_idle and time.monotonic() < deadline:
+            pass
+        if idle < self.quiet_idle:
+            print(f"  warning: machine only {idle:.0%} idle; measuring anyway", file=sys.stderr)
+        self.idle_seen.append(idle)
+
+    def run(self, n: int, args: list[str]) -> str:
+        """``mpiexec -n N ARGS``; its stdout, or RuntimeError on a timeout or a failure."""
+        cmd = [self.mpiexec, "-n", str(n), *args]
+        self.wait_quiet()
+        if self.verbose:
+            print("  $", " ".join(cmd), file=sys.stderr, flush=True)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=self.env, start_new_session=True,
+        )  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise RuntimeError(f"timed out after {self.timeout:.0f} s: {' '.join(cmd)}") from None
+        if proc.returncode != 0:
+            raise RuntimeError(f"exit {proc.returncode}: {' '.join(cmd)}\n{err[-3000:]}")
+        return out
+
+    def worker(self, n: int, args: list[str]) -> dict[str, Any]:
+        """Run the script's worker mode on ``n`` ranks; the JSON its RESULT line carries."""
+        out = self.run(n, [sys.executable, self.script, *args])
+        lines = [ln for ln in out.splitlines() if ln.startswith(RESULT)]
+        if not lines:
+            raise RuntimeError(f"no result from {args}:\n{out[-2000:]}")
+        return json.loads(lines[-1][len(RESULT) :])
