@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchlib import RESULT, Launcher, default_tool  # noqa: E402  (scripts/ on sys.path)
+from benchlib import RESULT, Launcher, add_launch_args, default_tool  # noqa: E402  (scripts/ on sys.path)
 
 MIB = 2**20
 SKIP = 10  # updates before the timing window opens (the window runs from the 10th to the last)
@@ -400,16 +400,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--min-steps", type=int, default=60, help="fewest updates per run")
     p.add_argument("--max-steps", type=int, default=4000, help="most updates per run")
-    p.add_argument("--timeout", type=float, default=180.0, help="seconds per mpiexec launch")
-    p.add_argument(
-        "--quiet-idle",
-        type=float,
-        default=0.8,
-        help="before each launch wait until this fraction of the CPU is idle (0: never wait)",
-    )
-    p.add_argument(
-        "--quiet-wait", type=float, default=60.0, help="longest wait for a quiet machine, s"
-    )
+    add_launch_args(p, timeout=180.0)
     p.add_argument("--json", type=Path, help="also write the table (and every run) as JSON")
     p.add_argument("--no-naive", action="store_true", help="skip the pickling parameter server")
     p.add_argument(
@@ -419,13 +410,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="extra pserver-run overrides, e.g. comm.poll_max=1e-4",
     )
-    p.add_argument("--mpiexec", default=default_tool("mpiexec"), help="mpiexec to launch with")
     p.add_argument(
         "--pserver-run",
         default=default_tool("pserver-run"),
         help="command that runs one pserver rank (split like a shell line)",
     )
-    p.add_argument("-v", "--verbose", action="store_true", help="print every command")
     p.add_argument("--raw", type=float, nargs="+", metavar="MIB", help=argparse.SUPPRESS)
     p.add_argument("--naive", type=float, metavar="MIB", help=argparse.SUPPRESS)
     p.add_argument("--buffers", action="store_true", help=argparse.SUPPRESS)

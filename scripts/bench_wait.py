@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import RESULT, Launcher, default_tool  # noqa: E402  (scripts/ on sys.path)
+from benchlib import RESULT, Launcher, add_launch_args  # noqa: E402  (scripts/ on sys.path)
 
 MATMUL_N = 192  # matrix order of rank 0's work: a few ms per product on one core
 SOLO_SLACK = 0.3  # seconds the sleeping ranks of the solo phase sleep past rank 0's compute
@@ -191,19 +191,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ranks", type=int, default=8, help="ranks of the contention experiment")
     p.add_argument("--repeats", type=int, default=3, help="runs of each experiment (medians)")
     p.add_argument("--only", choices=("idle", "contend"), help="run one experiment instead of both")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds per mpiexec launch")
-    p.add_argument(
-        "--quiet-idle",
-        type=float,
-        default=0.8,
-        help="before each launch wait until this fraction of the CPU is idle (0: never wait)",
-    )
-    p.add_argument(
-        "--quiet-wait", type=float, default=60.0, help="longest wait for a quiet machine, s"
-    )
+    add_launch_args(p, timeout=120.0)
     p.add_argument("--json", type=Path, help="also write every run's figures as JSON")
-    p.add_argument("--mpiexec", default=default_tool("mpiexec"), help="mpiexec to launch with")
-    p.add_argument("-v", "--verbose", action="store_true", help="print every command")
     p.add_argument("--poll-min", type=float, help="Waiter's first sleep, s ([comm] default)")
     p.add_argument("--poll-max", type=float, help="Waiter's longest sleep, s ([comm] default)")
     p.add_argument("--worker", choices=("idle", "contend"), help=argparse.SUPPRESS)

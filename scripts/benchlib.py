@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -99,3 +100,19 @@ class Launcher:
         if not lines:
             raise RuntimeError(f"no result from {args}:\n{out[-2000:]}")
         return json.loads(lines[-1][len(RESULT) :])
+
+
+def add_launch_args(p: argparse.ArgumentParser, timeout: float) -> None:
+    """The options of a :class:`Launcher`: timeout, quiet machine, mpiexec, verbosity."""
+    p.add_argument("--timeout", type=float, default=timeout, help="seconds per mpiexec launch")
+    p.add_argument(
+        "--quiet-idle",
+        type=float,
+        default=0.8,
+        help="before each launch wait until this fraction of the CPU is idle (0: never wait)",
+    )
+    p.add_argument(
+        "--quiet-wait", type=float, default=60.0, help="longest wait for a quiet machine, s"
+    )
+    p.add_argument("--mpiexec", default=default_tool("mpiexec"), help="mpiexec to launch with")
+    p.add_argument("-v", "--verbose", action="store_true", help="print every command")
