@@ -63,7 +63,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchlib import cpu_idle  # noqa: E402  (scripts/ is on sys.path when run)
+from benchlib import wait_for_quiet  # noqa: E402  (scripts/ is on sys.path when run)
 
 REPO = Path(__file__).resolve().parent.parent
 RESULT = "RESULT "  # prefix of the line the --gil-worker's rank 1 prints for the driver
@@ -387,16 +387,7 @@ class Runner:
 
     def wait_quiet(self) -> None:
         """Wait (up to --quiet-wait s) for the machine to be --quiet-idle idle; note what it was."""
-        a = self.args
-        if a.quiet_idle <= 0:  # no waiting, but the load each run started under is recorded
-            self.idle_seen.append(cpu_idle(0.5))
-            return
-        deadline = time.monotonic() + a.quiet_wait
-        while (idle := cpu_idle()) < a.quiet_idle and time.monotonic() < deadline:
-            pass
-        if idle < a.quiet_idle:
-            print(f"  note: machine only {idle:.0%} idle before this run", file=sys.stderr)
-        self.idle_seen.append(idle)
+        self.idle_seen.append(wait_for_quiet(self.args.quiet_idle, self.args.quiet_wait))
 
     def launch(
         self, cmd: list[str], log: Path, stuck: Callable[[], str | None] | None = None

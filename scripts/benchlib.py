@@ -32,6 +32,22 @@ def cpu_idle(seconds: float = 1.0) -> float:
     return (idle1 - idle0) / max(total1 - total0, 1)
 
 
+def wait_for_quiet(quiet_idle: float, quiet_wait: float) -> float:
+    """Wait (up to ``quiet_wait`` s) until the CPUs are ``quiet_idle`` idle; the idle share seen.
+
+    Other people's jobs on a 2-core machine swamp any figure. With ``quiet_idle <= 0`` nothing
+    is awaited, but the load the run starts under is still measured (0.5 s) and returned.
+    """
+    if quiet_idle <= 0:
+        return cpu_idle(0.5)
+    deadline = time.monotonic() + quiet_wait
+    while (idle := cpu_idle()) < quiet_idle and time.monotonic() < deadline:
+        pass
+    if idle < quiet_idle:
+        print(f"  warning: machine only {idle:.0%} idle; measuring anyway", file=sys.stderr)
+    return idle
+
+
 def default_tool(name: str) -> str:
     """``name`` next to this Python (the .venv's mpiexec), else on PATH."""
     sibling = Path(sys.executable).with_name(name)
@@ -64,14 +80,7 @@ class Launcher:
         self.idle_seen: list[float] = []
 
     def wait_quiet(self) -> None:
-        if self.quiet_idle <= 0:
-            return
-        deadline = time.monotonic() + self.quiet_wait
-        while (idle := cpu_idle()) < self.quiet_idle and time.monotonic() < deadline:
-            pass
-        if idle < self.quiet_idle:
-            print(f"  warning: machine only {idle:.0%} idle; measuring anyway", file=sys.stderr)
-        self.idle_seen.append(idle)
+        self.idle_seen.append(wait_for_quiet(self.quiet_idle, self.quiet_wait))
 
     def run(self, n: int, args: list[str]) -> str:
         """``mpiexec -n N ARGS``; its stdout, or RuntimeError on a timeout or a failure."""
