@@ -816,6 +816,8 @@ def run_gil(runner: Runner, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from pserver.config import CommConfig
+
     p = argparse.ArgumentParser(
         description="Rudra Table I (§III-C): communication overlap of Rudra-base / -adv / -adv* "
         "and the root's ingress, flat vs tree, in the adversarial scenario (small minibatch, "
@@ -922,8 +924,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--switch-interval",
         type=float,
-        default=0.0,
-        help="sys.setswitchinterval of the GIL check's ranks, s (default 0: Python's 5 ms)",
+        default=CommConfig().switch_interval,
+        help="sys.setswitchinterval of the GIL check's ranks, s (default: pserver's "
+        "comm.switch_interval; 0 keeps Python's 5 ms)",
     )
     p.add_argument("--gil-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", default="", metavar="PATH", help="also write every figure as JSON")
