@@ -36,6 +36,7 @@ class Context:
     backend: Any = None  # pserver.backend.Backend
     channels: Channels | None = None
     shm: Any = None  # pserver.comm.shm.SharedWindows when comm.transport = "shm"
+    nodes: list[int] = field(default_factory=list)  # the node of every rank (its lowest rank)
     peers: PeerLog = field(default_factory=PeerLog)
     t0: float = field(default_factory=time.time)
 
@@ -106,15 +107,16 @@ def prepare(
     blocks = split_blocks(
         model.n_params, model.layer_sizes, cfg.blocks.split, cfg.blocks.count, cfg.cluster.servers
     )
+    nodes = nodes or [0] * world_size
     if cfg.comm.transport == "shm":
-        check_shared_memory(layout, blocks, nodes or [0] * world_size, model.dtype.itemsize)
+        check_shared_memory(layout, blocks, nodes, model.dtype.itemsize)
     dump = Path(cfg.run.out_dir) / DUMP_NAME
     if dump.exists() and not cfg.run.overwrite:
         raise ConfigError(
             f"{dump} already holds a dump: pass run.overwrite=true to replace it, or choose "
             "another run.out_dir"
         )
-    return Context(cfg, layout, rank, dataset, model, blocks, log, backend)
+    return Context(cfg, layout, rank, dataset, model, blocks, log, backend, nodes=nodes)
 
 
 def check_shared_memory(

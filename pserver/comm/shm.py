@@ -70,13 +70,19 @@ class SharedWindows:
     """The node's window, and views of the shards' weights and gradient slots in it."""
 
     def __init__(
-        self, world: MPI.Comm, layout: Layout, blocks: list[Block], dtype: np.dtype
+        self,
+        world: MPI.Comm,
+        layout: Layout,
+        blocks: list[Block],
+        dtype: np.dtype,
+        node_of: list[int],
     ) -> None:
-        """Collective over ``world``: every rank calls it, in the same place of the start-up."""
+        """Collective over ``world``: every rank calls it, in the same place of the start-up.
+
+        ``node_of`` names the node of every rank (``Context.nodes``, from ``local_rank``).
+        """
         rank = world.Get_rank()
         self.node = world.Split_type(MPI.COMM_TYPE_SHARED)
-        leader = self.node.bcast(rank, root=0)  # a node is named by its first world rank
-        node_of = world.allgather(leader)
         self.node_ranks = self.node.allgather(rank)  # node rank -> world rank
         self.dtype = np.dtype(dtype)
         self.mine = node_of[rank]

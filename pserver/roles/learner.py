@@ -50,8 +50,9 @@ class Learner:
             for b in self.blocks
             if ctx.shm is not None and ctx.shm.shares(lay.servers[b.shard], ctx.rank)
         }
-        if len(self.shared) == len(self.blocks) and len(lay.servers) == 1:
-            # one shard owns the whole model: compute the gradient straight into our slot
+        # one shard owns the whole model: compute the gradient straight into our slot
+        self.grad_in_slot = len(self.shared) == len(self.blocks) and len(lay.servers) == 1
+        if self.grad_in_slot:
             self.grad = ctx.shm.slot(lay.servers[0], ctx.rank)
         # one shard, one block: compute on the window version the reply names, without a copy
         self.zero_copy = bool(self.shared) and ctx.shm.zero_copy(lay.servers[0])
@@ -228,15 +229,14 @@ class Learner:
             if b.index in self.stopped:
                 continue
             hdr = Header(Tag.PUSH, b.index, self.have[b.index], self.ctx.rank)
-            if b.index in self.shared:  # the shard reads the gradient in its window
-                slot = self.ctx.shm.slot(self.shared[b.index], self.ctx.rank, b)
-                grad = self.grad[b.start : b.stop]
-                if grad.ctypes.data != slot.ctypes.data:
-                    self.xp.copyto(slot, grad)  # several shards: the slots are apart
-                self.ctx.shm.sync()
-                self.ch.ctrl.Send(hdr.pack(self.out[0]), self.owner[b.index], Tag.PUSH)
-            else:
-                self.ch.ctrl.Send(hdr.pack(self.out[0]), self.owner[b.index], Tag.PUSH)
+            shared = b.index in self.shared  # the shard reads the gradient in its window
+            if shared:
+                if not self.grad_in_slot:  # several shards: the slots are apart
+                    slot = self.ctx.shm.slot(self.shared[b.index], self.ctx.rank, b)
+                    self.xp.copyto(slot, self.grad[b.start : b.stop])
+                self.ctx.shm.sync()  # the gradient is visible before the header announces it
+            self.ch.ctrl.Send(hdr.pack(self.out[0]), self.owner[b.index], Tag.PUSH)
+            if not shared:
                 buf = self.payloads.outgoing(b.index, self.grad[b.start : b.stop])
                 self.pushing.append(self.ch.bulk.Isend(buf, self.owner[b.index], b.index))
             if b.index not in self.asked and self.source[b.index] == self.owner[b.index]:

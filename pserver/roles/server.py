@@ -68,6 +68,8 @@ class ServerShard:
         self.shm = ctx.shm if ctx.shm is not None and ctx.rank in ctx.shm.local else None
         self.ack = np.empty(0, dtype=np.int8)  # shared-window copies are acknowledged empty
         self.zero_copy = self.shm is not None and self.shm.zero_copy(ctx.rank)
+        # learners whose payloads go through our window (the others use messages)
+        self.window_peers = frozenset(self.shm.local[ctx.rank] if self.shm is not None else ())
         self.blocks = {b.index: self.make_state(b, weights) for b in ctx.blocks_of(self.shard)}
         mine = ctx.blocks_of(self.shard)
         self.payloads = Payloads(ctx.backend, mine, weights.dtype, self.cfg.comm.staging)
@@ -166,7 +168,7 @@ class ServerShard:
 
     def shared(self, h: Header) -> bool:
         """Whether this push left its gradient in our shared window (a learner of our node)."""
-        return self.shm is not None and h.aux == 0 and self.shm.shares(self.ctx.rank, h.sender)
+        return h.aux == 0 and h.sender in self.window_peers
 
     def take_gradient(self, st: BlockState, h: Header, g: Any) -> None:
         """The protocol's decision on the gradient(s) of one push, now in ``g``."""
@@ -283,23 +285,21 @@ class ServerShard:
         elif st.ts < h.aux or not st.protocol.pull_ready(self.ctx.layout.index(h.sender)):
             st.waiting_pulls.append(h)
         elif st.ts == h.timestamp:
-            if self.zero_copy and self.shm.shares(self.ctx.rank, h.sender):
+            if self.zero_copy and h.sender in self.window_peers:
                 st.readers[h.sender] = st.version  # it goes on computing on its version
             self.reply(h.sender, st, Reply.CURRENT)
-        elif self.zero_copy and self.shm.shares(self.ctx.rank, h.sender):
+        elif h.sender in self.window_peers:
             self.shm.sync()  # our update is visible before the reply that announces it
-            st.readers[h.sender] = st.version  # not written until its next push
-            self.reply(h.sender, st, Reply.WEIGHTS, st.version)
-            self.bytes_out += st.w.nbytes
-        else:
-            if self.shm is not None and self.shm.shares(self.ctx.rank, h.sender):
-                self.shm.sync()  # our update is visible before the reply that announces it
+            if self.zero_copy:
+                st.readers[h.sender] = st.version  # not written until its next push
+                self.reply(h.sender, st, Reply.WEIGHTS, st.version)
+            else:
                 self.reply(h.sender, st, Reply.WEIGHTS)
                 # the learner copies the block out of the window; like a send, its
                 # acknowledgement must come in before the next update of the block
                 st.inflight.append(self.ch.ack.Irecv(self.ack, h.sender, st.block.index))
-                self.bytes_out += st.w.nbytes
-                return
+            self.bytes_out += st.w.nbytes
+        else:
             self.reply(h.sender, st, Reply.WEIGHTS)
             if st.staged_ts != st.ts:  # stage once per update, however many learners pull it
                 st.outgoing, st.staged_ts = self.payloads.outgoing(st.block.index, st.w), st.ts
