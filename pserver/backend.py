@@ -171,7 +171,24 @@ def select_backend(
         aware = detect_cuda_aware(mpi_module, env)
     else:
         aware = cuda_aware == "yes"
+        if aware:
+            _warn_if_library_disagrees(mpi_module)
     return Backend(name="gpu", xp=cupy, device_id=device_id, cuda_aware=aware)
+
+
+def _warn_if_library_disagrees(mpi_module: Any) -> None:
+    """A forced ``cuda_aware = "yes"`` against a library that says it cannot read device memory.
+
+    Both MPICH 5.0 (PyPI) and Debian's Open MPI 4.1 crash or fail inside the first ``Send`` of a
+    device buffer (segfault; ``process_vm_readv failed``), far from the setting that caused it.
+    """
+    if mpi_module is None:
+        from mpi4py import MPI as mpi_module
+    if _query_cuda_support(mpi_module) is False:
+        log.warning(
+            "comm.cuda_aware = yes, but the MPI library reports no CUDA support "
+            "(MPIX_Query_cuda_support = 0): sending a device buffer will likely crash inside MPI"
+        )
 
 
 def _probe_gpu() -> tuple[Any, int]:

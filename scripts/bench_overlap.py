@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import statistics
@@ -379,7 +380,8 @@ class Runner:
         self.args = args
         bindir = Path(sys.executable).parent
         self.mpiexec = args.mpiexec or shutil.which("mpiexec", path=str(bindir)) or "mpiexec"
-        self.pserver_run = shutil.which("pserver-run", path=str(bindir)) or "pserver-run"
+        found = shutil.which("pserver-run", path=str(bindir)) or "pserver-run"
+        self.pserver_run = shlex.split(args.pserver_run) if args.pserver_run else [found]
         self.env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         self.env["MKL_NUM_THREADS"] = "1"
         self.env["PATH"] = f"{bindir}{os.pathsep}{self.env.get('PATH', '')}"
@@ -438,7 +440,7 @@ class Runner:
             self.mpiexec,
             "-n",
             str(n),
-            self.pserver_run,
+            *self.pserver_run,
             str(REPO / "examples/quickstart.toml"),
             f"run.out_dir={out_dir}",
             "run.overwrite=true",
@@ -894,6 +896,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="extra pserver-run override for every run (repeatable)",
     )
     p.add_argument("--mpiexec", default="", help="mpiexec to use (default: next to python)")
+    p.add_argument(
+        "--pserver-run",
+        default="",
+        help="command that runs one pserver rank, split like a shell line (default: the "
+        "pserver-run next to python, e.g. 'python3 -m pserver.cli' where it is not installed)",
+    )
     p.add_argument(
         "--quiet-idle",
         type=float,

@@ -101,6 +101,67 @@ def raw_worker(sizes_mib: list[float], seconds: float) -> None:
         print(RESULT + json.dumps(out), flush=True)
 
 
+def raw_gpu_worker(sizes_mib: list[float], seconds: float) -> None:
+    """The hand-written ways of moving a CUDA device buffer from rank 0 to rank 1, one-way GB/s.
+
+    * ``host``: ``Send``/``Recv`` between pinned host buffers (the link alone);
+    * ``staged``: device-to-host copy into a pinned buffer, ``Send`` -> ``Recv``, host-to-device
+      copy on the receiver: what a learner and a server do when MPI is not CUDA-aware;
+    * ``device``: ``Send``/``Recv`` of the device buffers themselves, only where the library is
+      CUDA-aware (:func:`pserver.backend.detect_cuda_aware`); handing a device buffer to a
+      library that is not crashes it (seen with MPICH 5.0 and Open MPI 4.1 built without CUDA).
+    """
+    import cupy as cp
+    import cupyx
+    import numpy as np
+    from mpi4py import MPI
+
+    from pserver.backend import detect_cuda_aware
+
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() != 2:
+        raise SystemExit("--raw-gpu needs exactly 2 ranks")
+    rank, ack = comm.Get_rank(), np.zeros(1, np.int64)
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+    cp.cuda.Device(local % cp.cuda.runtime.getDeviceCount()).use()
+    aware = detect_cuda_aware(MPI)
+    kinds = ["host", "staged", *(["device"] if aware else [])]
+    out: dict[str, Any] = {k: {} for k in kinds}
+    out["cuda_aware"] = aware
+    for mib in sizes_mib:
+        n = int(mib * MIB) // 4
+        dev = cp.ones(n, np.float32)
+        pinned = cupyx.empty_pinned((n,), np.float32)
+        cp.cuda.Device().synchronize()
+        host_ptr, dev_ptr, nbytes = pinned.ctypes.data, dev.data.ptr, pinned.nbytes
+        reps = reps_for(pinned.nbytes, seconds)
+        for kind in kinds:
+            buf = dev if kind == "device" else pinned
+            times = []
+            comm.Barrier()
+            for i in range(reps + 3):
+                t0 = MPI.Wtime()
+                if rank == 0:
+                    if kind == "staged":
+                        cp.cuda.runtime.memcpy(host_ptr, dev_ptr, nbytes, _D2H)
+                    comm.Send(buf, 1, 0)
+                    comm.Recv(ack, 1, 1)
+                else:
+                    comm.Recv(buf, 0, 0)
+                    if kind == "staged":
+                        cp.cuda.runtime.memcpy(dev_ptr, host_ptr, nbytes, _H2D)
+                    comm.Send(ack, 0, 1)
+                if i >= 3:
+                    times.append(MPI.Wtime() - t0)
+            out[kind][size_key(mib)] = nbytes / statistics.median(times) / 1e9
+    if rank == 0:
+        print(RESULT + json.dumps(out), flush=True)
+
+
+# cudaMemcpyKind values (cuda_runtime_api.h).
+_H2D, _D2H = 1, 2
+
+
 def naive_worker(size_mib: float, steps: int, buffers: bool = False) -> None:
     """A parameter server as research codes often write it: blocking calls, one array per message.
 
@@ -285,37 +346,56 @@ def rate_from_dump(path: Path) -> tuple[float, float]:
     return gbs, gbs * 1e9 / per_update
 
 
+def raw_key(row: Row) -> str:
+    """The raw measurement a row is rated against: the hand-written path that moves the same
+    buffers (host Send/Recv on CPU; staged or device-buffer Send/Recv on GPU)."""
+    return {"staged": "staged", "cuda-aware": "device"}.get(row.transport, "raw")
+
+
+def pserver_overrides(row: Row, device: str) -> list[str]:
+    if device == "gpu":
+        aware = "yes" if row.transport == "cuda-aware" else "no"
+        return ["run.device=gpu", f"comm.cuda_aware={aware}", "comm.transport=messages"]
+    return [f"comm.transport={row.transport}"]
+
+
 def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
     """Every configuration ``args.repeats`` times, interleaved; medians per configuration."""
     launcher = Launcher(
         __file__, args.mpiexec, args.timeout, args.verbose, args.quiet_idle, args.quiet_wait
     )
+    gpu = args.device == "gpu"
     rows = [
         Row(s, n, b, steps_for(s, args.traffic_gib, args.min_steps, args.max_steps), t)
         for s in args.sizes
         for n in args.learners
         for b in args.blocks
-        for t in args.transports
+        for t in (args.gpu_paths if gpu else args.transports)
     ]
     msg_sizes = sorted({r.size_mib for r in rows} | {r.size_mib / r.blocks for r in rows})
-    raw_runs: list[dict[str, dict[str, float]]] = []
-    ps_runs: dict[int, list[tuple[float, float]]] = {i: [] for i in range(len(rows))}
+    raw_runs: list[dict[str, Any]] = []
+    ps_runs: dict[int, list[tuple[float, float]]] = {}
     naive_done: dict[tuple[float, int], list[float]] = {}
     buffer_done: dict[tuple[float, int], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench_pushpull_") as tmp:
         bench = PserverBench(launcher, args.pserver_run, digits_train_size(), Path(tmp))
         for rep in range(args.repeats):
             log(f"repeat {rep + 1}/{args.repeats}: raw Send/Recv at {msg_sizes} MiB")
-            raw_runs.append(launcher.worker(2, ["--raw", *map(str, msg_sizes)]))
+            raw_mode = "--raw-gpu" if gpu else "--raw"
+            raw_runs.append(launcher.worker(2, [raw_mode, *map(str, msg_sizes)]))
+            if gpu and not raw_runs[0]["cuda_aware"] and rep == 0:
+                if any(r.transport == "cuda-aware" for r in rows):
+                    log("  the MPI library is not CUDA-aware: only the staged path is measured")
+                rows = [r for r in rows if r.transport != "cuda-aware"]
             for i, r in enumerate(rows):
                 key = (r.size_mib, r.learners)
-                if len(naive_done.setdefault(key, [])) <= rep and not args.no_naive:
+                if len(naive_done.setdefault(key, [])) <= rep and not (args.no_naive or gpu):
                     log(f"  naive pickle PS: {r.size_mib} MiB, {r.learners} learner(s)")
                     res = launcher.worker(
                         1 + r.learners, ["--naive", str(r.size_mib), "--steps", str(r.steps)]
                     )
                     naive_done[key].append(window_rate(res["times"], res["bytes_per_update"]))
-                if len(buffer_done.setdefault(key, [])) <= rep:
+                if len(buffer_done.setdefault(key, [])) <= rep and not gpu:
                     log(f"  hand-written buffer PS: {r.size_mib} MiB, {r.learners} learner(s)")
                     res = launcher.worker(
                         1 + r.learners,
@@ -326,14 +406,15 @@ def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
                     f"  pserver: {r.size_mib} MiB, {r.learners} learner(s), {r.blocks} block(s), "
                     f"{r.transport}"
                 )
-                extra = [*args.set, f"comm.transport={r.transport}"]
-                ps_runs[i].append(bench.run(r.size_mib, r.learners, r.blocks, r.steps, extra))
+                extra = [*args.set, *pserver_overrides(r, args.device)]
+                run = bench.run(r.size_mib, r.learners, r.blocks, r.steps, extra)
+                ps_runs.setdefault(i, []).append(run)
     for i, r in enumerate(rows):
-        r.raw_gbs = statistics.median(x["raw"][size_key(r.size_mib)] for x in raw_runs)
-        r.raw_block_gbs = statistics.median(
-            x["raw"][size_key(r.size_mib / r.blocks)] for x in raw_runs
-        )
-        r.pickled_gbs = statistics.median(x["pickled"][size_key(r.size_mib)] for x in raw_runs)
+        k = raw_key(r)
+        r.raw_gbs = statistics.median(x[k][size_key(r.size_mib)] for x in raw_runs)
+        r.raw_block_gbs = statistics.median(x[k][size_key(r.size_mib / r.blocks)] for x in raw_runs)
+        if not gpu:
+            r.pickled_gbs = statistics.median(x["pickled"][size_key(r.size_mib)] for x in raw_runs)
         r.naive_runs = naive_done.get((r.size_mib, r.learners), [])
         r.naive_gbs = statistics.median(r.naive_runs) if r.naive_runs else math.nan
         r.buffer_runs = buffer_done.get((r.size_mib, r.learners), [])
@@ -341,7 +422,11 @@ def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
         r.pserver_runs = [g for g, _ in ps_runs[i]]
         r.pserver_gbs = statistics.median(r.pserver_runs)
         r.pserver_updates_per_s = statistics.median(u for _, u in ps_runs[i])
-    return rows, {"raw_runs": raw_runs, "idle_before_launches": launcher.idle_seen}
+    extra: dict[str, Any] = {"raw_runs": raw_runs, "idle_before_launches": launcher.idle_seen}
+    if gpu:
+        link = {k: statistics.median(x["host"][k] for x in raw_runs) for k in raw_runs[0]["host"]}
+        extra["host_link_gbs"] = link
+    return rows, extra
 
 
 def log(text: str) -> None:
@@ -361,8 +446,16 @@ buffer = the same loop hand-written with uppercase Send/Recv, preallocated buffe
 SGD updater, blocking (busy-polling) calls and no protocol: the ceiling of a two-sided server
 here, since every update moves the model through memory three times (copy in, update, copy out)."""
 
+NOTE_GPU = """\
+--device gpu: learners and the server keep the model and gradients in CUDA device memory
+(run.device=gpu), all ranks on the node's GPU(s). via = the path of the payloads: staged (device
+-> pinned host buffer -> MPI -> pinned host buffer -> device; comm.cuda_aware=no) or cuda-aware
+(device buffers handed to MPI). raw = the same path hand-written between two ranks, one-way:
+staged = D2H copy, Send -> Recv, H2D copy; cuda-aware = Send/Recv of device buffers. The pickle
+and buffer parameter servers are CPU baselines and are not run."""
 
-def table(rows: list[Row], repeats: int) -> str:
+
+def table(rows: list[Row], repeats: int, gpu: bool = False) -> str:
     head = (
         f"{'MiB':>5} {'learn':>5} {'blocks':>6} {'via':>8} {'raw':>6} {'raw@blk':>7} {'pickle':>7} "
         f"{'buffer':>7} {'pserver':>7} {'upd/s':>7} {'ps/raw':>6} {'ps/buf':>6} {'ps/pickle':>9}"
@@ -375,7 +468,7 @@ def table(rows: list[Row], repeats: int) -> str:
             f"{r.pserver_gbs:>7.2f} {r.pserver_updates_per_s:>7.0f} {r.vs_raw:>6.2f} "
             f"{r.vs_buffer:>6.2f} {r.vs_naive:>9.2f}"
         )
-    return "\n".join([*lines, "", NOTE])
+    return "\n".join([*lines, "", NOTE_GPU if gpu else NOTE])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -393,6 +486,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=["messages", "shm"],
         choices=["messages", "shm"],
         help="comm.transport values of the pserver runs (default both)",
+    )
+    p.add_argument(
+        "--device",
+        choices=["cpu", "gpu"],
+        default="cpu",
+        help="where the pserver runs keep their arrays (gpu: CuPy, run.device=gpu)",
+    )
+    p.add_argument(
+        "--gpu-paths",
+        nargs="+",
+        default=["staged", "cuda-aware"],
+        choices=["staged", "cuda-aware"],
+        help="with --device gpu: payload paths (cuda-aware only where MPI is; default both)",
     )
     p.add_argument("--repeats", type=int, default=1, help="runs per configuration (median)")
     p.add_argument(
@@ -416,6 +522,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="command that runs one pserver rank (split like a shell line)",
     )
     p.add_argument("--raw", type=float, nargs="+", metavar="MIB", help=argparse.SUPPRESS)
+    p.add_argument("--raw-gpu", type=float, nargs="+", metavar="MIB", help=argparse.SUPPRESS)
     p.add_argument("--naive", type=float, metavar="MIB", help=argparse.SUPPRESS)
     p.add_argument("--buffers", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, default=100, help=argparse.SUPPRESS)
@@ -426,17 +533,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def gpu_missing() -> str:
+    """Why ``--device gpu`` cannot run here ("" when CuPy sees a CUDA device)."""
+    try:
+        import cupy
+
+        return "" if cupy.cuda.runtime.getDeviceCount() > 0 else "no CUDA device is visible"
+    except Exception as e:  # ImportError, or CUDARuntimeError without a driver
+        return f"CuPy or a CUDA device is missing ({e})"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.raw:
         raw_worker(args.raw, args.raw_seconds)
         return 0
+    if args.raw_gpu:
+        raw_gpu_worker(args.raw_gpu, args.raw_seconds)
+        return 0
     if args.naive:
         naive_worker(args.naive, args.steps, args.buffers)
         return 0
+    if args.device == "gpu":
+        why = gpu_missing()
+        if why:
+            print(f"no GPU: skipped ({why})")
+            return 0
     t0 = time.monotonic()
     rows, extra = measure(args)
-    print(table(rows, args.repeats))
+    print(table(rows, args.repeats, args.device == "gpu"))
+    for size, gbs in extra.get("host_link_gbs", {}).items():
+        print(f"host link (pinned Send/Recv, one-way) at {size} MiB: {gbs:.2f} GB/s")
     idle = extra["idle_before_launches"]
     seen = ""
     if idle:

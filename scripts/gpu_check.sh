@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# One command for a GPU machine: what is there, the GPU tests, a short GPU training run, the GPU
-# benchmark. Every step runs even when an earlier one fails; the exit code is nonzero if any did.
+# One command for a GPU machine: what is there, the GPU tests (models, kernels, staging and real
+# mpiexec runs on the GPU), a short GPU training run, the GPU-vs-CPU loss curves, the GPU
+# benchmarks (device updates, staging, push/pull per path). Every step runs even when an earlier
+# one fails; the exit code is nonzero if any did.
 #
 #   bash scripts/gpu_check.sh            # logs in $OUT when set (the device runner's folder),
 #                                        # else in runs/gpu_check
@@ -16,6 +18,7 @@ PY=${PYTHON:-python3}
 LOG_DIR=${OUT:-runs/gpu_check}
 RUN_DIR=$LOG_DIR/gpu_run
 STEP_TIMEOUT=${STEP_TIMEOUT:-300}  # seconds per step; every mpiexec runs under a timeout
+PYTEST_TIMEOUT=${PYTEST_TIMEOUT:-420}  # the GPU tests launch ~12 mpiexec jobs
 mkdir -p "$LOG_DIR"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, installed or not
 # A virtual environment's MPICH (pip install mpich) sits next to its python, maybe not on PATH.
@@ -111,10 +114,17 @@ fi
 step versions versions
 # A test module that cannot be imported here (a package the GPU machine lacks) must not keep
 # the GPU tests of the other modules from running; it still fails the step.
-step pytest timeout "$STEP_TIMEOUT" "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider \
+step pytest timeout "$PYTEST_TIMEOUT" "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider \
     --continue-on-collection-errors
 step train training_run
+# λ = 1 on both backends, step by step; the plot lands beside the logs, the dumps in /tmp.
+step curves timeout "$STEP_TIMEOUT" "$PY" scripts/compare_backends.py --models mlp cnn \
+    --dtypes float64 float32 --epochs 3 --check --plot --quiet-idle 0 --out /tmp/pserver-curves
+cp /tmp/pserver-curves/loss_curves.png "$LOG_DIR/" 2>/dev/null
 step bench timeout "$STEP_TIMEOUT" "$PY" scripts/bench_gpu.py
+step pushpull timeout "$STEP_TIMEOUT" "$PY" scripts/bench_pushpull.py --device gpu \
+    --sizes 16 64 --learners 1 4 --blocks 1 4 --quiet-idle 0 --mpiexec mpiexec \
+    --pserver-run "$PY -m pserver.cli"
 
 echo
 echo "=== summary (logs in $LOG_DIR)"

@@ -127,6 +127,22 @@ def test_gpu_cuda_aware_override_and_detection(monkeypatch: pytest.MonkeyPatch) 
     assert not select_backend("gpu", 0, 1, mpi_module=unaware, env={}).cuda_aware
 
 
+def test_forcing_cuda_aware_against_the_library_warns(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(n_devices=1)[0])
+    with caplog.at_level("WARNING", logger="pserver.backend"):
+        select_backend("gpu", 0, 1, cuda_aware="yes", mpi_module=fake_mpi(), env={})
+        assert not caplog.records  # the library offers no query: nothing to contradict
+        aware = fake_mpi(Query_cuda_support=lambda: True)
+        select_backend("gpu", 0, 1, cuda_aware="yes", mpi_module=aware, env={})
+        assert not caplog.records
+        unaware = fake_mpi(Query_cuda_support=lambda: False)
+        assert select_backend("gpu", 0, 1, cuda_aware="yes", mpi_module=unaware, env={}).cuda_aware
+    assert len(caplog.records) == 1
+    assert "reports no CUDA support" in caplog.records[0].getMessage()
+
+
 def test_auto_uses_gpu_when_present(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy(n_devices=1)[0])
     backend = select_backend("auto", 2, 3, mpi_module=fake_mpi(), env={})

@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""The same λ = 1 training run on the CPU backend and on the GPU backend, compared step by step.
+
+With one learner every protocol is plain minibatch SGD in a fixed order, so the run with
+``run.device = "gpu"`` (CuPy arrays in the learner and the server, payloads staged through
+pinned host buffers or handed to a CUDA-aware MPI) must follow the run with ``run.device = "cpu"``
+up to floating-point rounding: cuBLAS sums in another order than OpenBLAS, and the fused update
+kernels are compiled without FMA contraction so that they round like numpy. For every model and
+dtype asked for, the script launches both runs (``mpiexec -n 4``: server, statistics server,
+data server, learner), reads their dumps and prints
+
+* the largest relative difference of the per-minibatch training loss over the whole run
+  (``train/loss``, the loss curve), and at the last step;
+* the relative difference of the final weights (``model/weights``), ``‖w_gpu − w_cpu‖ / ‖w_cpu‖``;
+* the final test error of both runs.
+
+``--check`` makes it exit 1 when a curve differs by more than ``--rtol`` (default per dtype:
+1e-9 for float64, 1e-3 for float32). ``--plot`` writes both loss curves and their relative
+difference to ``OUT/loss_curves.png``. Without CuPy or a device it says so and exits 0.
+
+Example (on a GPU machine)::
+
+    python scripts/compare_backends.py --models mlp cnn --dtypes float64 float32 --check --plot
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import Launcher, add_launch_args  # noqa: E402
+
+RTOL = {"float64": 1e-9, "float32": 1e-3}
+
+
+@dataclass
+class Comparison:
+    model: str
+    dtype: str
+    steps: int
+    loss_max_rel: float  # over every minibatch of the run
+    loss_last_rel: float
+    weights_rel: float
+    test_error_ref: float  # the first of --devices
+    test_error_other: float
+    within: bool
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", type=Path, default=ROOT / "examples" / "quickstart.toml")
+    p.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=["softmax", "mlp", "cnn"])
+    p.add_argument("--dtypes", nargs="+", default=["float64", "float32"], choices=list(RTOL))
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument(
+        "--devices",
+        nargs=2,
+        default=["cpu", "gpu"],
+        choices=["cpu", "gpu"],
+        metavar="DEVICE",
+        help="run.device of the reference run and of the compared run (default: cpu gpu)",
+    )
+    p.add_argument("--rtol", type=float, help="tolerance of --check (default: per dtype)")
+    p.add_argument("--check", action="store_true", help="exit 1 when a curve is off tolerance")
+    p.add_argument("--plot", action="store_true", help="write OUT/loss_curves.png")
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "compare_backends")
+    p.add_argument("--json", type=Path, help="also write the comparisons as JSON")
+    p.add_argument(
+        "--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra pserver-run overrides"
+    )
+    p.add_argument(
+        "--pserver-run",
+        default=f"{shlex.quote(sys.executable)} -m pserver.cli",
+        help="command that runs one pserver rank (split like a shell line)",
+    )
+    add_launch_args(p, timeout=300.0)
+    return p.parse_args(argv)
+
+
+def gpu_missing() -> str:
+    """Why no GPU run is possible here ("" when CuPy sees a device)."""
+    try:
+        import cupy
+
+        return "" if cupy.cuda.runtime.getDeviceCount() > 0 else "no CUDA device is visible"
+    except Exception as e:  # ImportError, or CUDARuntimeError without a driver
+        return f"CuPy or a CUDA device is missing ({e})"
+
+
+def train(launcher: Launcher, args: argparse.Namespace, out: Path, overrides: list[str]) -> None:
+    cmd = [*shlex.split(args.pserver_run), str(args.config), f"run.out_dir={out}"]
+    launcher.run(4, [*cmd, "run.overwrite=true", "stats.progress=false", *overrides, *args.set])
+
+
+def read(path: Path) -> tuple[np.ndarray, np.ndarray, float]:
+    """(training loss per step, final weights, last test error) of a λ = 1 dump."""
+    import h5py
+
+    with h5py.File(path, "r", locking=False) as f:
+        order = np.argsort(f["train/step"][:], kind="stable")
+        return f["train/loss"][:][order], f["model/weights"][:], float(f["test/error"][-1])
+
+
+def rel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.abs(a - b) / np.maximum(np.abs(b), np.finfo(np.float64).tiny)
+
+
+def run_dirs(args: argparse.Namespace, model: str, dtype: str) -> list[Path]:
+    """Where the reference run and the compared run of a model and dtype write their dumps."""
+    return [args.out / f"{model}_{dtype}_{i}_{d}" for i, d in enumerate(args.devices)]
+
+
+def compare(launcher: Launcher, args: argparse.Namespace, model: str, dtype: str) -> Comparison:
+    runs = []
+    for out, device in zip(run_dirs(args, model, dtype), args.devices, strict=True):
+        overrides = [f"model.kind={model}", f"model.dtype={dtype}", f"run.epochs={args.epochs}"]
+        train(launcher, args, out, [*overrides, f"run.device={device}"])
+        runs.append(read(out / "stats.h5"))
+    (loss_c, w_c, err_c), (loss_g, w_g, err_g) = runs
+    if loss_c.shape != loss_g.shape:
+        raise RuntimeError(f"{model}/{dtype}: {loss_c.size} CPU steps against {loss_g.size} GPU")
+    diff = rel(loss_g, loss_c)
+    w_rel = float(np.linalg.norm(w_g - w_c) / np.linalg.norm(w_c))
+    tol = args.rtol if args.rtol is not None else RTOL[dtype]
+    within = bool(diff.max() <= tol and w_rel <= tol)
+    return Comparison(
+        model, dtype, int(loss_c.size), float(diff.max()), float(diff[-1]), w_rel, err_c, err_g,
+        within,
+    )  # fmt: skip
+
+
+def key(r: Comparison) -> tuple[str, str]:
+    return r.model, r.dtype
+
+
+def plot(args: argparse.Namespace, results: list[Comparison]) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    for r in results:
+        (loss_c, _, _), (loss_g, _, _) = (read(d / "stats.h5") for d in run_dirs(args, *key(r)))
+        label = f"{r.model} {r.dtype}"
+        ref, other = args.devices
+        (line,) = top.plot(loss_c, lw=1.2, alpha=0.7, label=f"{label} {ref}")
+        top.plot(loss_g, lw=0.8, ls="--", color=line.get_color(), label=f"{label} {other}")
+        bottom.semilogy(np.maximum(rel(loss_g, loss_c), 1e-18), lw=0.8, label=label)
+    top.set_ylabel("training loss (per minibatch)")
+    top.set_yscale("log")
+    top.legend(fontsize=7, ncol=2)
+    ref, other = args.devices
+    top.set_title(f"λ = 1: {other} backend against {ref} backend")
+    bottom.set_ylabel(f"|loss_{other} − loss_{ref}| / loss_{ref}")
+    bottom.set_xlabel("minibatch")
+    bottom.legend(fontsize=7)
+    fig.tight_layout()
+    path = args.out / "loss_curves.png"
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    why = gpu_missing() if "gpu" in args.devices else ""
+    if why:
+        print(f"no GPU: skipped ({why})")
+        return 0
+    # The ranks import pserver from this checkout, installed or not.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    launcher = Launcher(
+        __file__, args.mpiexec, args.timeout, args.verbose, args.quiet_idle, args.quiet_wait
+    )
+    results = [compare(launcher, args, m, d) for m in args.models for d in args.dtypes]
+    head = (
+        f"{'model':<8}{'dtype':<9}{'steps':>6}{'loss max rel':>14}{'loss last rel':>15}"
+        f"{'weights rel':>13}{'err ' + args.devices[0]:>9}{'err ' + args.devices[1]:>9}  within"
+    )
+    print(head + "\n" + "-" * len(head))
+    for r in results:
+        print(
+            f"{r.model:<8}{r.dtype:<9}{r.steps:>6}{r.loss_max_rel:>14.2e}{r.loss_last_rel:>15.2e}"
+            f"{r.weights_rel:>13.2e}{r.test_error_ref:>9.4f}{r.test_error_other:>9.4f}  {r.within}"
+        )
+    tol = "per dtype " + json.dumps(RTOL) if args.rtol is None else f"{args.rtol:g}"
+    print(f"(tolerance {tol}; dumps under {args.out})")
+    if args.plot:
+        print(f"loss curves: {plot(args, results)}")
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    return 1 if args.check and not all(r.within for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
