@@ -18,6 +18,15 @@ contend
     baseline), then with them waiting in ``Waiter.wait``, then in blocking ``Recv``. Printed:
     rank 0's throughput relative to solo, and the share of a core each waiting rank burns.
 
+engines
+    Real pserver jobs, one per ``comm.mode`` (blocking, nonblocking, thread): hardsync with two
+    learners, learner 1 slowed ``--slow-factor`` times, so learner 0 spends most of the run
+    waiting for the next model (in its Waiter, its progress loop or its communication thread)
+    and the shard waits for learner 1's gradient. Printed from the dump's ``learners/`` and
+    ``servers/`` rows: the share of a core each process used (``cpu_time / run_time``, every
+    thread included) and the share of its time learner 0 was blocked. Target: < 10% of a core
+    for the waiting learner in every mode.
+
 This file is both the driver (default) and the MPI programs it launches (``--worker``).
 
 Example::
@@ -31,13 +40,17 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import RESULT, Launcher, add_launch_args  # noqa: E402  (scripts/ on sys.path)
+from benchlib import RESULT, Launcher, add_launch_args, default_tool  # noqa: E402  (scripts/ on sys.path)
+
+MODES = ("blocking", "nonblocking", "thread")
 
 MATMUL_N = 192  # matrix order of rank 0's work: a few ms per product on one core
 SOLO_SLACK = 0.3  # seconds the sleeping ranks of the solo phase sleep past rank 0's compute
@@ -181,16 +194,83 @@ def contend_table(runs: list[dict[str, Any]], ranks: int, seconds: float) -> str
     return "\n".join(lines)
 
 
+def engine_run(launcher: Launcher, args: argparse.Namespace, mode: str, out: Path) -> dict:
+    """One pserver job in ``mode`` with learner 1 slowed; core shares from its dump."""
+    import h5py
+
+    quickstart = Path(__file__).resolve().parents[1] / "examples" / "quickstart.toml"
+    launcher.run(5, [
+        *shlex.split(args.pserver_run), str(quickstart), f"run.out_dir={out}",
+        "run.overwrite=true", "stats.progress=false", "run.log_level=warning",
+        "protocol.name=hardsync", "run.epochs=1", f"data.batch_size={args.engine_batch}",
+        f"comm.mode={mode}", f"inject.compute_time={args.engine_compute}",
+        "inject.slow_learner=1", f"inject.learner_factor={args.slow_factor}",
+    ])  # fmt: skip
+    with h5py.File(out / "stats.h5", "r", locking=False) as f:
+        lrn, srv = f["learners"], f["servers"]
+        mine = {int(i): k for k, i in enumerate(lrn["learner"][:])}
+        fast, slow = mine[0], mine[1]
+        share = lrn["cpu_time"][:] / lrn["run_time"][:]
+        return {
+            "waiting_learner_core": float(share[fast]),
+            "waiting_learner_blocked": float(
+                (lrn["pull_time"][fast] + lrn["push_time"][fast]) / lrn["run_time"][fast]
+            ),
+            "slow_learner_core": float(share[slow]),
+            "server_core": float(srv["cpu_time"][0] / srv["run_time"][0]),
+            "run_time": float(lrn["run_time"][fast]),
+        }
+
+
+def engines_table(runs: list[dict[str, dict[str, float]]]) -> str:
+    lines = [
+        f"engines: hardsync, 2 learners, learner 1 slowed; share of a core per process, all "
+        f"threads (medians of {len(runs)} run(s))",
+        f"{'comm.mode':<12} {'run s':>6} {'learner 0 blocked':>18} {'learner 0 core':>15} "
+        f"{'learner 1 core':>15} {'shard core':>11}",
+    ]
+    for mode in runs[0]:
+        def m(key: str, mode: str = mode) -> float:
+            return med([r[mode][key] for r in runs])
+
+        lines.append(
+            f"{mode:<12} {m('run_time'):>6.1f} {m('waiting_learner_blocked') * 100:>17.0f}% "
+            f"{m('waiting_learner_core') * 100:>14.1f}% {m('slow_learner_core') * 100:>14.1f}% "
+            f"{m('server_core') * 100:>10.1f}%"
+        )
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="Target: a rank waiting in pserver's Waiter burns < 10%% of a core.",
+        epilog="Target: a rank waiting in pserver's Waiter (or a learner waiting in any "
+        "comm.mode) burns < 10%% of a core.",
     )
     p.add_argument("--idle-seconds", type=float, default=5.0, help="length of the idle wait")
     p.add_argument("--contend-seconds", type=float, default=3.0, help="rank 0's compute time")
     p.add_argument("--ranks", type=int, default=8, help="ranks of the contention experiment")
     p.add_argument("--repeats", type=int, default=3, help="runs of each experiment (medians)")
-    p.add_argument("--only", choices=("idle", "contend"), help="run one experiment instead of both")
+    p.add_argument(
+        "--only", choices=("idle", "contend", "engines"), help="run one experiment, not all three"
+    )
+    p.add_argument(
+        "--slow-factor", type=float, default=25.0, help="engines: learner 1's slow-down (25)"
+    )
+    p.add_argument(
+        "--engine-compute",
+        type=float,
+        default=0.02,
+        help="engines: inject.compute_time, s per minibatch before the slow-down (0.02)",
+    )
+    p.add_argument(
+        "--engine-batch", type=int, default=64, help="engines: data.batch_size (64: ~11 rounds)"
+    )
+    p.add_argument(
+        "--pserver-run",
+        default=default_tool("pserver-run"),
+        help="engines: command that runs one pserver rank (split like a shell line)",
+    )
     add_launch_args(p, timeout=120.0)
     p.add_argument("--json", type=Path, help="also write every run's figures as JSON")
     p.add_argument("--poll-min", type=float, help="Waiter's first sleep, s ([comm] default)")
@@ -219,21 +299,30 @@ def main(argv: list[str] | None = None) -> int:
     common += [f"--{k.replace('_', '-')}={v}" for k, v in POLL.items()]
     idle: list[dict[str, Any]] = []
     contend: list[dict[str, Any]] = []
-    for rep in range(args.repeats):
-        print(f"repeat {rep + 1}/{args.repeats}", file=sys.stderr, flush=True)
-        if args.only in (None, "idle"):
-            idle.append(launcher.worker(2, ["--worker", "idle", *common]))
-        if args.only in (None, "contend"):
-            contend.append(launcher.worker(args.ranks, ["--worker", "contend", *common]))
+    engines: list[dict[str, dict[str, float]]] = []
+    with tempfile.TemporaryDirectory(prefix="bench_wait_") as tmp:
+        for rep in range(args.repeats):
+            print(f"repeat {rep + 1}/{args.repeats}", file=sys.stderr, flush=True)
+            if args.only in (None, "idle"):
+                idle.append(launcher.worker(2, ["--worker", "idle", *common]))
+            if args.only in (None, "contend"):
+                contend.append(launcher.worker(args.ranks, ["--worker", "contend", *common]))
+            if args.only in (None, "engines"):
+                engines.append({m: engine_run(launcher, args, m, Path(tmp) / m) for m in MODES})
+    tables = []
     if idle:
-        print(idle_table(idle, args.idle_seconds))
+        tables.append(idle_table(idle, args.idle_seconds))
     if contend:
-        print(("\n" if idle else "") + contend_table(contend, args.ranks, args.contend_seconds))
+        tables.append(contend_table(contend, args.ranks, args.contend_seconds))
+    if engines:
+        tables.append(engines_table(engines))
+    print("\n\n".join(tables))
     seen = launcher.idle_seen
     if seen:
         print(f"\nCPU idle before launches: min {min(seen):.0%}, median {med(seen):.0%}")
     if args.json:
-        doc = {"argv": sys.argv, "idle": idle, "contend": contend, "idle_before_launches": seen}
+        doc = {"argv": sys.argv, "idle": idle, "contend": contend, "engines": engines,
+               "idle_before_launches": seen}  # fmt: skip
         args.json.write_text(json.dumps(doc, indent=1))
     return 0
 

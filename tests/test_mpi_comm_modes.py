@@ -48,3 +48,7 @@ def test_every_mode_trains_and_shuts_down_cleanly(tmp_path, mode, protocol):
     assert dump.group("test")["error"][-1] < 0.5  # chance is 0.9; async staleness here is ~2λ
     learners = dump.group("learners")
     assert np.all(learners["minibatches"] > 0)
+    # every role reports the CPU its process used over its run (the figure of bench_wait.py)
+    for group in (learners, dump.group("servers")):
+        assert np.all(group["run_time"] > 0) and np.all(group["cpu_time"] > 0)
+        assert np.all(group["run_time"] <= dump.attrs["wall_time"] + 1.0)

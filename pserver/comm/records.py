@@ -22,11 +22,23 @@ class RecordBuffer:
         self._rows: dict[str, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
         self._clocks: list[list[int]] = []
         self._last = time.monotonic()
+        # A role's buffer is made as the role starts: its end-of-run row reports what the
+        # process burnt from here on (every thread: comm, I/O and waiting included).
+        self._cpu0, self._wall0 = time.process_time(), time.perf_counter()
 
     def add(self, group: str, **row: Any) -> None:
         cols = self._rows[group]
         for key, value in row.items():
             cols[key].append(value)
+
+    def usage(self) -> dict[str, float]:
+        """``cpu_time`` (CPU seconds of the whole process) and ``run_time`` (wall seconds) since
+        this buffer was made: ``cpu_time / run_time`` is the share of a core the rank used, the
+        figure that shows a waiting rank does not spin."""
+        return {
+            "cpu_time": time.process_time() - self._cpu0,
+            "run_time": time.perf_counter() - self._wall0,
+        }
 
     def add_clock(self, clock: tuple[int, ...]) -> None:
         """The vector clock of an update, shipped with the ``updates`` row added alongside."""

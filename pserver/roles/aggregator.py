@@ -218,6 +218,7 @@ class Aggregator:
         self.records.add(
             "aggregators", aggregator=self.ctx.layout.index(self.ctx.rank), rank=self.ctx.rank,
             bytes_in=self.bytes_in, bytes_out=self.bytes_out, wait_time=self.waiter.waited,
+            **self.records.usage(),
         )
         self.records.send()
         self.ch.stats.Send(bye, self.ctx.layout.stats, Tag.BYE)

@@ -274,6 +274,7 @@ class Learner:
             # Rudra Table I: the share of a learner's time spent computing, not blocked
             overlap=self.compute_time
             / max(self.compute_time + self.pull_time + self.push_time, 1e-12),
+            **self.records.usage(),
         )
         self.records.send()
         self.ch.stats.Send(bye, self.ctx.layout.stats, Tag.BYE)

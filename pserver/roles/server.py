@@ -375,6 +375,7 @@ class ServerShard:
             wait_time=self.waiter.waited,
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
+            **self.records.usage(),
         )
         for st in self.blocks.values():
             self.records.add(

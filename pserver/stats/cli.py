@@ -77,13 +77,16 @@ def _learner_lines(learners: dict[int, dict[str, Any]]) -> list[str]:
         return ["learners     (no learner rows)"]
     lines = [
         f"learners     {'id':>4}  {'minibatches':>11}  {'compute s':>10}  {'wait s':>10}"
-        f"  {'samples':>10}"
+        f"  {'samples':>10}  {'cpu %':>6}"
     ]
     for lid, row in sorted(learners.items()):
+        cpu = None
+        if row.get("run_time"):
+            cpu = 100 * row.get("cpu_time", 0.0) / row["run_time"]
         lines.append(
             f"             {lid:>4}  {_fmt(row.get('minibatches'), 'd'):>11}"
             f"  {_fmt(row.get('compute_time'), '.2f'):>10}  {_fmt(row.get('wait_time'), '.2f'):>10}"
-            f"  {_fmt(row.get('samples'), 'd'):>10}"
+            f"  {_fmt(row.get('samples'), 'd'):>10}  {_fmt(cpu, '.1f'):>6}"
         )
     return lines
 

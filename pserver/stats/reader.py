@@ -192,7 +192,8 @@ def _learners(dump: Dump) -> dict[int, dict[str, Any]]:
     """Per-learner totals: the end-of-run ``learners`` rows, else sums over ``train`` rows."""
     table = dump.group("learners")
     if dump.rows("learners"):
-        keys = [k for k in ("minibatches", "compute_time", "wait_time", "samples") if k in table]
+        wanted = ("minibatches", "compute_time", "wait_time", "samples", "cpu_time", "run_time")
+        keys = [k for k in wanted if k in table]
         return {
             int(table["learner"][i]): {k: table[k][i].item() for k in keys}
             for i in range(dump.rows("learners"))
