@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchlib import RESULT, Launcher, add_launch_args, default_tool  # noqa: E402  (scripts/ on sys.path)
+from benchlib import RESULT, Launcher, add_launch_args, default_tool, gpu_missing  # noqa: E402  (scripts/ on sys.path)
 
 MIB = 2**20
 SKIP = 10  # updates before the timing window opens (the window runs from the 10th to the last)
@@ -531,16 +531,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if min(args.learners) < 1 or min(args.blocks) < 1 or args.repeats < 1:
         p.error("--learners, --blocks and --repeats need values >= 1")
     return args
-
-
-def gpu_missing() -> str:
-    """Why ``--device gpu`` cannot run here ("" when CuPy sees a CUDA device)."""
-    try:
-        import cupy
-
-        return "" if cupy.cuda.runtime.getDeviceCount() > 0 else "no CUDA device is visible"
-    except Exception as e:  # ImportError, or CUDARuntimeError without a driver
-        return f"CuPy or a CUDA device is missing ({e})"
 
 
 def main(argv: list[str] | None = None) -> int:

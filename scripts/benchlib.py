@@ -54,6 +54,16 @@ def default_tool(name: str) -> str:
     return str(sibling) if sibling.exists() else (shutil.which(name) or name)
 
 
+def gpu_missing() -> str:
+    """Why a GPU benchmark cannot run here ("" when CuPy sees a CUDA device)."""
+    try:
+        import cupy
+
+        return "" if cupy.cuda.runtime.getDeviceCount() > 0 else "no CUDA device is visible"
+    except Exception as e:  # ImportError, or CUDARuntimeError without a driver
+        return f"CuPy or a CUDA device is missing ({e})"
+
+
 class Launcher:
     """Runs mpiexec jobs under a timeout, killing the whole process group when it expires.
 

@@ -37,7 +37,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import Launcher, add_launch_args  # noqa: E402
+from benchlib import Launcher, add_launch_args, gpu_missing  # noqa: E402
 
 RTOL = {"float64": 1e-9, "float32": 1e-3}
 
@@ -84,16 +84,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     add_launch_args(p, timeout=300.0)
     return p.parse_args(argv)
-
-
-def gpu_missing() -> str:
-    """Why no GPU run is possible here ("" when CuPy sees a device)."""
-    try:
-        import cupy
-
-        return "" if cupy.cuda.runtime.getDeviceCount() > 0 else "no CUDA device is visible"
-    except Exception as e:  # ImportError, or CUDARuntimeError without a driver
-        return f"CuPy or a CUDA device is missing ({e})"
 
 
 def train(launcher: Launcher, args: argparse.Namespace, out: Path, overrides: list[str]) -> None:
