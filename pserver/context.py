@@ -86,10 +86,13 @@ def prepare(
     ``local`` is this rank's (index, count) among the ranks of its node, for the GPU choice;
     ``nodes`` the node of every rank, for placing a tree's leaf aggregators.
     """
+    from mpi4py import MPI
+
     from learners.data import load_dataset
     from learners.models import build_model
     from pserver.backend import select_backend
 
+    check_thread_level(cfg.comm.mode, MPI.Query_thread())
     layout = make_layout(world_size, cfg, nodes)
     n_learners = len(layout.learners)
     make_protocol(cfg, n_learners)  # a protocol that cannot run with this λ fails here
@@ -117,6 +120,34 @@ def prepare(
             "another run.out_dir"
         )
     return Context(cfg, layout, rank, dataset, model, blocks, log, backend, nodes=nodes)
+
+
+# MPI_THREAD_SINGLE .. MPI_THREAD_MULTIPLE: the values are ordered by the standard (§11.2.1)
+# but their numbers belong to the library; mpi4py's constants are looked up when checked.
+THREAD_LEVELS = ("THREAD_SINGLE", "THREAD_FUNNELED", "THREAD_SERIALIZED", "THREAD_MULTIPLE")
+
+
+def check_thread_level(mode: str, provided: int, levels: dict[str, int] | None = None) -> None:
+    """comm.mode = "thread" needs MPI_THREAD_MULTIPLE: its communication thread tests the
+    learner's requests while the compute thread posts pushes and fetches minibatches, so two
+    threads call MPI at once. Checked on every rank before training; ``levels`` maps the
+    names of ``THREAD_LEVELS`` to the library's values (default: mpi4py's constants)."""
+    if mode != "thread":
+        return
+    if levels is None:
+        from mpi4py import MPI
+
+        levels = {name: getattr(MPI, name) for name in THREAD_LEVELS}
+    if provided >= levels["THREAD_MULTIPLE"]:
+        return
+    names = {v: k for k, v in levels.items()}
+    got = f"MPI_{names.get(provided, str(provided))}"
+    raise ConfigError(
+        f'comm.mode = "thread" calls MPI from two threads at once, which needs '
+        f"MPI_THREAD_MULTIPLE; this MPI library provides {got} (check MPI4PY_RC_THREAD_LEVEL "
+        f'and how the library was built), or use comm.mode = "nonblocking": the same overlap '
+        "driven from one thread"
+    )
 
 
 def check_shared_memory(

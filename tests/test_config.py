@@ -84,3 +84,17 @@ def test_shared_transport_refused_where_a_slot_could_be_overwritten(overrides):
         load_config(None, ["comm.transport=shm", *overrides])
     assert 'comm.transport = "shm"' in str(info.value)
     load_config(None, ["comm.transport=shm"])  # blocking, flat, full pulls: accepted
+
+
+LEVELS = {"THREAD_SINGLE": 0, "THREAD_FUNNELED": 1, "THREAD_SERIALIZED": 2, "THREAD_MULTIPLE": 3}
+
+
+@pytest.mark.parametrize("provided", [0, 1, 2])
+def test_thread_mode_refused_without_thread_multiple(provided):
+    from pserver.context import check_thread_level
+
+    with pytest.raises(ConfigError, match="needs MPI_THREAD_MULTIPLE.*provides MPI_THREAD_"):
+        check_thread_level("thread", provided, LEVELS)
+    for mode in ("blocking", "nonblocking"):  # one thread calls MPI at a time: any level
+        check_thread_level(mode, provided, LEVELS)
+    check_thread_level("thread", 3, LEVELS)

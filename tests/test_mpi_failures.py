@@ -56,6 +56,15 @@ def test_malformed_dataset_and_missing_config(tmp_path):
     assert "does not exist" in msg
 
 
+def test_thread_mode_without_thread_multiple_is_refused(tmp_path, monkeypatch):
+    # mpi4py asks MPI_Init_thread for this level; MPICH then provides exactly it.
+    monkeypatch.setenv("MPI4PY_RC_THREAD_LEVEL", "serialized")
+    line = fails(tmp_path, 5, "comm.mode=thread")
+    assert "needs MPI_THREAD_MULTIPLE" in line and "provides MPI_THREAD_SERIALIZED" in line
+    # one thread at a time calls MPI in the other modes (minibatches are then fetched inline)
+    train(tmp_path / "ok", 5, "comm.mode=nonblocking", "run.epochs=1")
+
+
 def test_existing_dump_is_not_overwritten(tmp_path):
     train(tmp_path, 4, "run.epochs=1")
     before = (tmp_path / "stats.h5").read_bytes()
