@@ -122,8 +122,8 @@ def prepare(
     return Context(cfg, layout, rank, dataset, model, blocks, log, backend, nodes=nodes)
 
 
-# MPI_THREAD_SINGLE .. MPI_THREAD_MULTIPLE: the values are ordered by the standard (§11.2.1)
-# but their numbers belong to the library; mpi4py's constants are looked up when checked.
+# MPI_THREAD_SINGLE < FUNNELED < SERIALIZED < MULTIPLE: the standard fixes the order, the
+# library the numbers, so mpi4py's constants are looked up when checked.
 THREAD_LEVELS = ("THREAD_SINGLE", "THREAD_FUNNELED", "THREAD_SERIALIZED", "THREAD_MULTIPLE")
 
 
