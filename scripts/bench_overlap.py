@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchlib import wait_for_quiet  # noqa: E402  (scripts/ is on sys.path when run)
+from benchlib import add_pserver_run_arg, wait_for_quiet  # noqa: E402  (scripts/ is on sys.path when run)
 
 REPO = Path(__file__).resolve().parent.parent
 RESULT = "RESULT "  # prefix of the line the --gil-worker's rank 1 prints for the driver
@@ -380,8 +380,7 @@ class Runner:
         self.args = args
         bindir = Path(sys.executable).parent
         self.mpiexec = args.mpiexec or shutil.which("mpiexec", path=str(bindir)) or "mpiexec"
-        found = shutil.which("pserver-run", path=str(bindir)) or "pserver-run"
-        self.pserver_run = shlex.split(args.pserver_run) if args.pserver_run else [found]
+        self.pserver_run = shlex.split(args.pserver_run)
         self.env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         self.env["MKL_NUM_THREADS"] = "1"
         self.env["PATH"] = f"{bindir}{os.pathsep}{self.env.get('PATH', '')}"
@@ -896,12 +895,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="extra pserver-run override for every run (repeatable)",
     )
     p.add_argument("--mpiexec", default="", help="mpiexec to use (default: next to python)")
-    p.add_argument(
-        "--pserver-run",
-        default="",
-        help="command that runs one pserver rank, split like a shell line (default: the "
-        "pserver-run next to python, e.g. 'python3 -m pserver.cli' where it is not installed)",
-    )
+    add_pserver_run_arg(p)
     p.add_argument(
         "--quiet-idle",
         type=float,

@@ -41,7 +41,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchlib import RESULT, Launcher, add_launch_args, default_tool, gpu_missing  # noqa: E402  (scripts/ on sys.path)
+from benchlib import (  # noqa: E402  (scripts/ on sys.path)
+    RESULT,
+    Launcher,
+    add_launch_args,
+    add_pserver_run_arg,
+    gpu_missing,
+)
 
 MIB = 2**20
 SKIP = 10  # updates before the timing window opens (the window runs from the 10th to the last)
@@ -516,11 +522,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="extra pserver-run overrides, e.g. comm.poll_max=1e-4",
     )
-    p.add_argument(
-        "--pserver-run",
-        default=default_tool("pserver-run"),
-        help="command that runs one pserver rank (split like a shell line)",
-    )
+    add_pserver_run_arg(p)
     p.add_argument("--raw", type=float, nargs="+", metavar="MIB", help=argparse.SUPPRESS)
     p.add_argument("--raw-gpu", type=float, nargs="+", metavar="MIB", help=argparse.SUPPRESS)
     p.add_argument("--naive", type=float, metavar="MIB", help=argparse.SUPPRESS)

@@ -48,7 +48,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import RESULT, Launcher, add_launch_args, default_tool  # noqa: E402  (scripts/ on sys.path)
+from benchlib import (  # noqa: E402  (scripts/ on sys.path)
+    RESULT,
+    Launcher,
+    add_launch_args,
+    add_pserver_run_arg,
+)
 
 MODES = ("blocking", "nonblocking", "thread")
 
@@ -266,11 +271,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--engine-batch", type=int, default=64, help="engines: data.batch_size (64: ~11 rounds)"
     )
-    p.add_argument(
-        "--pserver-run",
-        default=default_tool("pserver-run"),
-        help="engines: command that runs one pserver rank (split like a shell line)",
-    )
+    add_pserver_run_arg(p)
     add_launch_args(p, timeout=120.0)
     p.add_argument("--json", type=Path, help="also write every run's figures as JSON")
     p.add_argument("--poll-min", type=float, help="Waiter's first sleep, s ([comm] default)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -52,6 +53,26 @@ def default_tool(name: str) -> str:
     """``name`` next to this Python (the .venv's mpiexec), else on PATH."""
     sibling = Path(sys.executable).with_name(name)
     return str(sibling) if sibling.exists() else (shutil.which(name) or name)
+
+
+def pserver_run_command() -> str:
+    """How to start one pserver rank: the ``pserver-run`` beside this Python or on PATH, else
+    this Python running ``pserver.cli`` (a checkout that is not installed, e.g. on a lent GPU
+    machine with PYTHONPATH pointing at it). A shell line: split it with ``shlex.split``."""
+    found = default_tool("pserver-run")
+    if Path(found).is_file():
+        return found
+    return f"{shlex.quote(sys.executable)} -m pserver.cli"
+
+
+def add_pserver_run_arg(p: argparse.ArgumentParser) -> None:
+    """``--pserver-run``: the command that starts one pserver rank (:func:`pserver_run_command`)."""
+    p.add_argument(
+        "--pserver-run",
+        default=pserver_run_command(),
+        help="command that runs one pserver rank, split like a shell line "
+        "(default: %(default)s)",
+    )
 
 
 def gpu_missing() -> str:

@@ -37,7 +37,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import Launcher, add_launch_args, gpu_missing  # noqa: E402
+from benchlib import Launcher, add_launch_args, add_pserver_run_arg, gpu_missing  # noqa: E402
 
 RTOL = {"float64": 1e-9, "float32": 1e-3}
 
@@ -77,11 +77,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra pserver-run overrides"
     )
-    p.add_argument(
-        "--pserver-run",
-        default=f"{shlex.quote(sys.executable)} -m pserver.cli",
-        help="command that runs one pserver rank (split like a shell line)",
-    )
+    add_pserver_run_arg(p)
     add_launch_args(p, timeout=300.0)
     return p.parse_args(argv)
 

@@ -68,7 +68,7 @@ import argparse
 import json
 import math
 import os
-import shutil
+import shlex
 import signal
 import statistics
 import subprocess
@@ -79,6 +79,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from benchlib import add_pserver_run_arg, default_tool  # noqa: E402  (scripts/ on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "examples" / "psp.toml"
@@ -182,7 +183,7 @@ def run_one(
         args.mpiexec,
         "-n",
         str(n_ranks),
-        args.pserver_run,
+        *shlex.split(args.pserver_run),
         str(args.config),
         f"run.out_dir={out_dir}",
         "run.overwrite=true",
@@ -458,12 +459,6 @@ def calibrate(args: argparse.Namespace, runs: list[RunResult]) -> tuple[float, f
     return delay, prob, why
 
 
-def tool(name: str) -> str:
-    """``name`` beside this Python (the project's .venv/bin) if it is there, else from PATH."""
-    here = Path(sys.executable).parent / name
-    return str(here) if here.is_file() else (shutil.which(name) or name)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="Reproduce PSP-SGD Table 1 / Fig. 4 (Sync, partial push, partial push + "
@@ -558,12 +553,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="smoke test: 3 epochs, 3 learners, 2 shards of 2 blocks each",
     )
-    p.add_argument("--mpiexec", default=tool("mpiexec"), help="MPI launcher (default: %(default)s)")
     p.add_argument(
-        "--pserver-run",
-        default=tool("pserver-run"),
-        help="pserver's rank entry point (default: %(default)s)",
+        "--mpiexec", default=default_tool("mpiexec"), help="MPI launcher (default: %(default)s)"
     )
+    add_pserver_run_arg(p)
     args = p.parse_args(argv)
     if args.quick:
         args.epochs, args.learners, args.servers = 3, 3, 2
