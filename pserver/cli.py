@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(ctx, world) -> None:  # noqa: ANN001 - Context and MPI.Comm, imported lazily
     """Build the role's driver and run it to the end of training."""
+    from pserver.blas import limit_blas_threads
     from pserver.comm.channels import Channels
     from pserver.topology import Role
 
@@ -85,6 +86,7 @@ def run(ctx, world) -> None:  # noqa: ANN001 - Context and MPI.Comm, imported la
     # a thread that waits for the GIL gets it after at most this long (Python's default, 5 ms,
     # left a comm thread 42% of its bandwidth beside pure-Python compute; 0.5 ms: 83%)
     sys.setswitchinterval(ctx.cfg.comm.switch_interval)
+    limit_blas_threads(ctx.cfg.run.blas_threads, ctx.log)
     weights = ctx.model.init_params(ctx.cfg.run.seed)  # same seed on every rank: same w0
     if ctx.cfg.comm.transport == "shm":
         from pserver.comm.shm import SharedWindows

@@ -36,6 +36,7 @@ class RunConfig:
     log_level: str = "info"
     overwrite: bool = False  # replace an existing dump in out_dir
     epoch_basis: str = "applied"  # applied: gradients in updates; computed: also dropped ones
+    blas_threads: int = 0  # 0: one per rank unless OMP/OPENBLAS/MKL_NUM_THREADS is set
 
 
 @dataclass
@@ -184,6 +185,7 @@ POSITIVE = {
     "cluster.servers",
 }
 NON_NEGATIVE = {
+    "run.blas_threads",
     "cluster.learners",
     "cluster.tree_fanout",
     "cluster.bcast_fanout",
