@@ -344,3 +344,21 @@ def test_cli_missing_dump_is_one_line_exit_2(tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1
     assert proc.stderr.startswith("pserver-stats: error: no such dump file:")
+
+
+def test_cli_prints_each_learners_share_of_a_core(tmp_path, capsys):
+    path = tmp_path / "s.h5"
+    with StatsWriter(path, ATTRS) as w:
+        w.append(
+            "learners", learner=np.array([0, 1], np.int32), minibatches=np.array([3, 4]),
+            compute_time=np.array([1.0, 1.0]), wait_time=np.array([0.5, 0.5]),
+            samples=np.array([96, 128]), cpu_time=np.array([0.25, 1.5]),
+            run_time=np.array([5.0, 2.0]),
+        )  # fmt: skip
+    learners = summarize(load_dump(path))["learners"]
+    assert learners[0]["cpu_time"] == 0.25 and learners[1]["run_time"] == 2.0
+    assert cli.main(["summary", str(path)]) == 0
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if "96" in ln or "128" in ln]
+    assert [r[-1] for r in rows] == ["5.0", "75.0"]  # 0.25 of 5 s, 1.5 of 2 s
+    assert cli.main(["summary", str(write_hand_dump(tmp_path / "old.h5"))]) == 0
+    assert "cpu %" in (out := capsys.readouterr().out) and "n/a" in out  # dumps without them
