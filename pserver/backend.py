@@ -372,7 +372,7 @@ class StagingBuffers:
             np.copyto(host, device_array)
             return host
         self._after_current_stream()
-        self._memcpy(host.ctypes.data, device_array.data.ptr, host.nbytes, _D2H)
+        self._memcpy(host.ctypes.data, device_array.data.ptr, host.nbytes, D2H)
         self._stream.synchronize()
         return host
 
@@ -388,7 +388,7 @@ class StagingBuffers:
             np.copyto(device_array, host)
             return
         self._after_current_stream()  # earlier kernels may still be reading device_array
-        self._memcpy(device_array.data.ptr, host.ctypes.data, host.nbytes, _H2D)
+        self._memcpy(device_array.data.ptr, host.ctypes.data, host.nbytes, H2D)
         self._stream.synchronize()
 
     def _check(self, block: int, device_array: Any) -> None:
@@ -411,6 +411,6 @@ class StagingBuffers:
         self.backend.xp.cuda.runtime.memcpyAsync(dst, src, nbytes, kind, self._stream.ptr)
 
 
-# cudaMemcpyKind values (cuda_runtime_api.h).
-_H2D = 1
-_D2H = 2
+# cudaMemcpyKind values (cuda_runtime_api.h); the GPU benchmarks use them too.
+H2D = 1
+D2H = 2

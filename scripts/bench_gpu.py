@@ -218,15 +218,17 @@ def bench_staging(cp: ModuleType, args: argparse.Namespace) -> None:
 
 def staging_paths(cp: ModuleType, staging: Any, dev: Any) -> dict[str, dict[str, Callable]]:
     """Per direction, the three ways of moving ``dev`` across the bus that are compared."""
+    from pserver.backend import D2H, H2D
+
     pinned = staging.host(0)  # the staging buffer itself: the raw copy's ceiling, same memory
     pageable = np.ones(dev.size, dtype=dev.dtype)
     nbytes = dev.nbytes
 
     def d2h_raw() -> None:
-        cp.cuda.runtime.memcpy(pinned.ctypes.data, dev.data.ptr, nbytes, _D2H)
+        cp.cuda.runtime.memcpy(pinned.ctypes.data, dev.data.ptr, nbytes, D2H)
 
     def h2d_raw() -> None:
-        cp.cuda.runtime.memcpy(dev.data.ptr, pinned.ctypes.data, nbytes, _H2D)
+        cp.cuda.runtime.memcpy(dev.data.ptr, pinned.ctypes.data, nbytes, H2D)
 
     return {
         "D2H": {
@@ -242,9 +244,6 @@ def staging_paths(cp: ModuleType, staging: Any, dev: Any) -> dict[str, dict[str,
     }
 
 
-# cudaMemcpyKind values (cuda_runtime_api.h).
-_H2D = 1
-_D2H = 2
 
 
 def staging_rows(

@@ -122,7 +122,7 @@ def raw_gpu_worker(sizes_mib: list[float], seconds: float) -> None:
     import numpy as np
     from mpi4py import MPI
 
-    from pserver.backend import detect_cuda_aware
+    from pserver.backend import D2H, H2D, detect_cuda_aware
 
     comm = MPI.COMM_WORLD
     if comm.Get_size() != 2:
@@ -149,13 +149,13 @@ def raw_gpu_worker(sizes_mib: list[float], seconds: float) -> None:
                 t0 = MPI.Wtime()
                 if rank == 0:
                     if kind == "staged":
-                        cp.cuda.runtime.memcpy(host_ptr, dev_ptr, nbytes, _D2H)
+                        cp.cuda.runtime.memcpy(host_ptr, dev_ptr, nbytes, D2H)
                     comm.Send(buf, 1, 0)
                     comm.Recv(ack, 1, 1)
                 else:
                     comm.Recv(buf, 0, 0)
                     if kind == "staged":
-                        cp.cuda.runtime.memcpy(dev_ptr, host_ptr, nbytes, _H2D)
+                        cp.cuda.runtime.memcpy(dev_ptr, host_ptr, nbytes, H2D)
                     comm.Send(ack, 0, 1)
                 if i >= 3:
                     times.append(MPI.Wtime() - t0)
@@ -163,9 +163,6 @@ def raw_gpu_worker(sizes_mib: list[float], seconds: float) -> None:
     if rank == 0:
         print(RESULT + json.dumps(out), flush=True)
 
-
-# cudaMemcpyKind values (cuda_runtime_api.h).
-_H2D, _D2H = 1, 2
 
 
 def naive_worker(size_mib: float, steps: int, buffers: bool = False) -> None:
