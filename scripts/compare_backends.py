@@ -105,7 +105,13 @@ def run_dirs(args: argparse.Namespace, model: str, dtype: str) -> list[Path]:
     return [args.out / f"{model}_{dtype}_{i}_{d}" for i, d in enumerate(args.devices)]
 
 
-def compare(launcher: Launcher, args: argparse.Namespace, model: str, dtype: str) -> Comparison:
+Curves = tuple[np.ndarray, np.ndarray]  # per-minibatch training loss: reference, compared
+
+
+def compare(
+    launcher: Launcher, args: argparse.Namespace, model: str, dtype: str
+) -> tuple[Comparison, Curves]:
+    """Both runs of one model and dtype, their figures and their loss curves (for the plot)."""
     runs = []
     for out, device in zip(run_dirs(args, model, dtype), args.devices, strict=True):
         overrides = [f"model.kind={model}", f"model.dtype={dtype}", f"run.epochs={args.epochs}"]
@@ -113,30 +119,29 @@ def compare(launcher: Launcher, args: argparse.Namespace, model: str, dtype: str
         runs.append(read(out / "stats.h5"))
     (loss_c, w_c, err_c), (loss_g, w_g, err_g) = runs
     if loss_c.shape != loss_g.shape:
-        raise RuntimeError(f"{model}/{dtype}: {loss_c.size} CPU steps against {loss_g.size} GPU")
+        ref, other = args.devices
+        raise RuntimeError(
+            f"{model}/{dtype}: {loss_c.size} steps on {ref} against {loss_g.size} on {other}"
+        )
     diff = rel(loss_g, loss_c)
     w_rel = float(np.linalg.norm(w_g - w_c) / np.linalg.norm(w_c))
     tol = args.rtol if args.rtol is not None else RTOL[dtype]
     within = bool(diff.max() <= tol and w_rel <= tol)
-    return Comparison(
+    result = Comparison(
         model, dtype, int(loss_c.size), float(diff.max()), float(diff[-1]), w_rel, err_c, err_g,
         within,
     )  # fmt: skip
+    return result, (loss_c, loss_g)
 
 
-def key(r: Comparison) -> tuple[str, str]:
-    return r.model, r.dtype
-
-
-def plot(args: argparse.Namespace, results: list[Comparison]) -> Path:
+def plot(args: argparse.Namespace, compared: list[tuple[Comparison, Curves]]) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
-    for r in results:
-        (loss_c, _, _), (loss_g, _, _) = (read(d / "stats.h5") for d in run_dirs(args, *key(r)))
+    for r, (loss_c, loss_g) in compared:
         label = f"{r.model} {r.dtype}"
         ref, other = args.devices
         (line,) = top.plot(loss_c, lw=1.2, alpha=0.7, label=f"{label} {ref}")
@@ -170,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     launcher = Launcher(
         __file__, args.mpiexec, args.timeout, args.verbose, args.quiet_idle, args.quiet_wait
     )
-    results = [compare(launcher, args, m, d) for m in args.models for d in args.dtypes]
+    compared = [compare(launcher, args, m, d) for m in args.models for d in args.dtypes]
+    results = [r for r, _ in compared]
     head = (
         f"{'model':<8}{'dtype':<9}{'steps':>6}{'loss max rel':>14}{'loss last rel':>15}"
         f"{'weights rel':>13}{'err ' + args.devices[0]:>9}{'err ' + args.devices[1]:>9}  within"
@@ -184,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     tol = "per dtype " + json.dumps(RTOL) if args.rtol is None else f"{args.rtol:g}"
     print(f"(tolerance {tol}; dumps under {args.out})")
     if args.plot:
-        print(f"loss curves: {plot(args, results)}")
+        print(f"loss curves: {plot(args, compared)}")
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
     return 1 if args.check and not all(r.within for r in results) else 0
