@@ -17,7 +17,7 @@ import traceback
 from pserver import __version__
 from pserver.config import load_config
 from pserver.errors import PserverError
-from pserver.logs import setup_logging
+from pserver.logs import setup_logging, wait_until_read
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
+        sys.stdout.flush()
+        wait_until_read(sys.stdout)
+        wait_until_read(sys.stderr)
         world.Abort(1)
         return 1  # not reached: Abort ends every rank
     return 0
