@@ -158,3 +158,38 @@ def test_any_source_smaller_than_the_batch_raises():
         load_dataset(DataConfig(source="digits", batch_size=5000), seed=0)
     with pytest.raises(DataError, match="synthetic"):
         load_dataset(DataConfig(source="synthetic", n_samples=40), seed=0)
+
+
+def test_digits_file_is_scikit_learns_dataset():
+    from sklearn.datasets import load_digits
+
+    from learners.data import _digits_csv
+
+    X, y = _digits_csv()
+    raw = load_digits()
+    assert np.array_equal(X, raw.data) and np.array_equal(y, raw.target)
+
+
+@pytest.mark.parametrize("n, fraction", [(1797, 0.25), (40, 0.25), (101, 0.1), (13, 0.5)])
+def test_split_sizes_partition_and_stratification(n, fraction):
+    from learners.data import _split
+
+    y = np.arange(n) % 4
+    X = np.arange(n, dtype=np.float32)[:, None]
+    X_tr, y_tr, X_te, y_te = _split("t", X, y, fraction, seed=0)
+    assert len(y_te) == int(np.ceil(fraction * n)) and len(y_tr) + len(y_te) == n
+    assert sorted(np.concatenate([X_tr[:, 0], X_te[:, 0]])) == list(range(n))  # a partition
+    assert np.array_equal(y[X_te[:, 0].astype(int)], y_te)  # labels travel with their samples
+    want = np.bincount(y) * len(y_te) / n
+    assert np.all(np.abs(np.bincount(y_te, minlength=4) - want) < 1)  # each class its share
+
+
+def test_split_without_two_of_each_class_is_plain_and_impossible_splits_say_so():
+    from learners.data import _split
+
+    y = np.array([0, 1, 1, 1, 1, 1, 1, 1])
+    X = np.zeros((8, 2))
+    _, y_tr, _, y_te = _split("t", X, y, 0.25, seed=0)
+    assert len(y_te) == 2 and len(y_tr) == 6
+    with pytest.raises(DataError, match="cannot split 8 samples with test_fraction = 0.99"):
+        _split("t", X, y, 0.99, seed=0)
