@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from pserver.blas import blas_thread_limit, limit_blas_threads
+from pserver.blas import THREAD_ENV, blas_thread_limit, limit_blas_threads
 
 
 def test_auto_is_one_thread_per_rank_unless_the_environment_chose():
@@ -38,3 +42,30 @@ def test_the_limit_reaches_the_loaded_blas(monkeypatch):
         assert limit_blas_threads(0, logging.getLogger("test")) is None
     finally:
         threadpool_limits(limits=max(original.values()), user_api="blas")
+
+
+def test_the_limit_reaches_scipys_blas_loaded_later_by_the_sgd_update():
+    # a fresh process: in this one pytest may already have loaded everything
+    code = """
+import json
+import logging
+from threadpoolctl import threadpool_info
+from pserver.blas import limit_blas_threads
+from pserver.config import OptimConfig
+from pserver.optim import make_updater
+import numpy as np
+limit_blas_threads(0, logging.getLogger("t"))
+w, g = np.zeros(1000, np.float32), np.ones(1000, np.float32)
+make_updater(OptimConfig(rule="sgd", lr=0.1, weight_decay=0.0), 1000, np, w.dtype).step(w, g, 0.1)
+assert np.allclose(w, -0.1)
+print(json.dumps([(i["filepath"], i["num_threads"]) for i in threadpool_info()
+                  if i["user_api"] == "blas"]))
+"""
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_ENV}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    libs = json.loads(out.stdout)
+    assert any("scipy" in path for path, _ in libs), libs  # SciPy's own BLAS was loaded
+    assert all(n == 1 for _, n in libs), libs
