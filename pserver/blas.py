@@ -33,29 +33,33 @@ def blas_thread_limit(setting: int, env: Mapping[str, str] = os.environ) -> int 
     return 1
 
 
+_chosen: int | None = None  # the limit limit_blas_threads applied in this process
+
+
 def limit_blas_threads(setting: int, log: logging.Logger) -> int | None:
     """Apply :func:`blas_thread_limit` to every BLAS library loaded in this process."""
+    global _chosen
     limit = blas_thread_limit(setting)
     if limit is None:
         log.debug("BLAS threads left as %s chose them", "/".join(THREAD_ENV))
+        _chosen = None
         return None
-    from threadpoolctl import threadpool_limits
-
-    _load_scipy_blas()
-    threadpool_limits(limits=limit, user_api="blas")
+    _chosen = limit
+    limit_late_blas()
     log.debug("BLAS threads per rank: %d (run.blas_threads)", limit)
     return limit
 
 
-def _load_scipy_blas() -> None:
-    """Load SciPy's BLAS now, so that the limit reaches it too.
+def limit_late_blas() -> None:
+    """Apply the limit chosen at start to BLAS libraries loaded since; call after loading one.
 
     threadpoolctl limits the libraries loaded when it is called. SciPy wheels bring their own
-    OpenBLAS, which the server's SGD update (:func:`pserver.optim._blas_axpy`) loads later;
-    loaded after the limit it started 2 threads on 2 cores and the shard used 111-120 % of a
-    core instead of ~50 % (64 KiB model, ``cpu_time`` in the dump).
+    OpenBLAS, which only the SGD update loads (:func:`pserver.optim._blas_axpy`); left out of
+    the limit it started 2 threads on 2 cores and the shard used 111-120 % of a core instead
+    of ~50 % (64 KiB model, ``cpu_time`` in the dump).
     """
-    try:
-        import scipy.linalg.blas  # noqa: F401
-    except ImportError:  # the update then runs on numpy alone
-        pass
+    if _chosen is None:
+        return
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=_chosen, user_api="blas")

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from pserver.blas import limit_late_blas
 from pserver.config import OptimConfig
 from pserver.errors import ConfigError
 
@@ -223,6 +224,7 @@ def _blas_axpy(dtype: np.dtype) -> Any:
         from scipy.linalg.blas import get_blas_funcs
     except ImportError:  # the two NumPy passes do the same
         return None
+    limit_late_blas()  # SciPy's own OpenBLAS may have loaded just now
     return get_blas_funcs("axpy", dtype=dtype)
 
 
