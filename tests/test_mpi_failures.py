@@ -73,10 +73,19 @@ def test_existing_dump_is_not_overwritten(tmp_path):
     assert (tmp_path / "stats.h5").read_bytes() == before
 
 
-def test_exception_on_one_rank_aborts_the_job_naming_rank_and_host(tmp_path):
+@pytest.mark.parametrize(
+    "mode", ["comm.mode=blocking", "comm.mode=nonblocking", "comm.mode=thread"]
+)
+def test_exception_on_one_rank_aborts_the_job_naming_rank_and_host(tmp_path, mode):
     res = run_job(
         7,
-        [str(QUICKSTART), f"run.out_dir={tmp_path}", "inject.fail_learner=1", "inject.fail_step=3"],
+        [
+            str(QUICKSTART),
+            f"run.out_dir={tmp_path}",
+            "inject.fail_learner=1",
+            "inject.fail_step=3",
+            mode,
+        ],
         timeout=60,
     )
     assert res.returncode != 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
-from mpirun import QUICKSTART, train
+from mpirun import QUICKSTART, assert_learned, train
 
 from learners.data import load_dataset
 from learners.serial import train_serial
@@ -34,7 +34,7 @@ def test_hardsync_four_learners_zero_staleness_and_accuracy(tmp_path):
     assert np.all(dump.group("updates")["n_gradients"] == 4)
     clocks = dump.group("updates")["vector_clock"]
     assert np.all(clocks[:, :4] == (dump.group("updates")["timestamp"] - 1)[:, None])
-    assert dump.group("test")["error"][-1] <= 0.05
+    assert_learned(dump)
 
 
 def test_one_softsync_staleness_near_one_and_accuracy(tmp_path):
@@ -42,7 +42,7 @@ def test_one_softsync_staleness_near_one_and_accuracy(tmp_path):
     dump, sigma = staleness(tmp_path)
     assert 0.5 <= sigma.mean() <= 1.5
     assert np.mean(sigma <= 2) >= 0.99
-    assert dump.group("test")["error"][-1] <= 0.05
+    assert_learned(dump)
     mean_eq2 = dump.group("updates")["mean_staleness"]
     assert abs(mean_eq2.mean() - sigma.mean()) < 1e-9  # c gradients per update: same mean
 

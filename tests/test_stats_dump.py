@@ -358,7 +358,10 @@ def test_cli_prints_each_learners_share_of_a_core(tmp_path, capsys):
     learners = summarize(load_dump(path))["learners"]
     assert learners[0]["cpu_time"] == 0.25 and learners[1]["run_time"] == 2.0
     assert cli.main(["summary", str(path)]) == 0
-    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if "96" in ln or "128" in ln]
-    assert [r[-1] for r in rows] == ["5.0", "75.0"]  # 0.25 of 5 s, 1.5 of 2 s
+    # learner rows: id, minibatches, compute s, wait s, samples, cpu % (the dump's path, also
+    # printed, may hold "96" or "128" too: pytest numbers its temporary directories)
+    out = capsys.readouterr().out.splitlines()
+    rows = [r for r in map(str.split, out) if len(r) == 6 and r[0].isdigit()]
+    assert [(r[4], r[-1]) for r in rows] == [("96", "5.0"), ("128", "75.0")]  # 0.25/5, 1.5/2
     assert cli.main(["summary", str(write_hand_dump(tmp_path / "old.h5"))]) == 0
     assert "cpu %" in (out := capsys.readouterr().out) and "n/a" in out  # dumps without them
