@@ -13,7 +13,7 @@ import numpy as np
 from learners.data import BatchSampler, Dataset
 from learners.models import build_model
 from pserver.config import Config
-from pserver.optim import make_updater
+from pserver.optim import make_updater, scheduled_lr
 
 
 def serial_steps(cfg: Config, n_train: int) -> int:
@@ -28,8 +28,9 @@ def train_serial(cfg: Config, dataset: Dataset, steps: int | None = None) -> np.
     grad = np.empty_like(w)
     sampler = BatchSampler(len(dataset.y_train), cfg.data.batch_size, cfg.run.seed)
     updater = make_updater(cfg.optim, model.n_params, np, w.dtype)
-    for _ in range(serial_steps(cfg, len(dataset.y_train)) if steps is None else steps):
+    n_train, batch = len(dataset.y_train), cfg.data.batch_size
+    for step in range(serial_steps(cfg, n_train) if steps is None else steps):
         idx = sampler.next()
         model.loss_grad(w, dataset.X_train[idx], dataset.y_train[idx], grad)
-        updater.step(w, grad, cfg.optim.lr)
+        updater.step(w, grad, scheduled_lr(cfg.optim, step * batch // n_train))
     return w

@@ -67,6 +67,8 @@ class OptimConfig:
     momentum: float = 0.9
     weight_decay: float = 0.0
     eps: float = 1e-8
+    lr_milestones: list[int] = field(default_factory=list)  # epochs where lr is multiplied
+    lr_gamma: float = 0.1  # by this factor (step decay)
 
 
 @dataclass
@@ -169,6 +171,7 @@ POSITIVE = {
     "run.epochs",
     "protocol.n",
     "optim.lr",
+    "optim.lr_gamma",
     "data.batch_size",
     "data.prefetch",
     "data.n_samples",
@@ -346,6 +349,11 @@ def validate(cfg: Config) -> Config:
         )
     if cfg.data.source == "hdf5" and not cfg.data.path:
         raise ConfigError('data.source = "hdf5" needs data.path, the HDF5 file with X and y')
+    m = cfg.optim.lr_milestones
+    if any(e <= 0 for e in m) or any(b <= a for a, b in zip(m, m[1:], strict=False)):
+        raise ConfigError(
+            f"optim.lr_milestones = {m!r}: expected increasing epochs >= 1, e.g. [10, 15]"
+        )
     if any(h <= 0 for h in cfg.model.hidden):
         raise ConfigError(f"model.hidden = {cfg.model.hidden!r}: expected positive layer widths")
     if cfg.comm.poll_min > cfg.comm.poll_max:

@@ -234,6 +234,17 @@ def _in_place(result: np.ndarray, target: np.ndarray) -> None:
         raise RuntimeError("BLAS axpy did not update the block in place")
 
 
+def scheduled_lr(cfg: OptimConfig, epoch: int) -> float:
+    """The base learning rate during (0-based) epoch ``epoch``: step decay.
+
+    α0 · γ^k, where k counts the milestones ≤ ``epoch`` (``optim.lr_milestones``, ``lr_gamma``;
+    the convention of PyTorch's ``MultiStepLR`` stepped once per epoch). The protocols' own
+    scaling (Rudra eq. 6, hardsync's √(λμ/B)) multiplies this rate.
+    """
+    k = sum(1 for m in cfg.lr_milestones if m <= epoch)
+    return cfg.lr * cfg.lr_gamma**k if k else cfg.lr
+
+
 def make_updater(cfg: OptimConfig, size: int, xp: Any, dtype: Any) -> Updater:
     """The updater ``cfg.rule`` for a block of ``size`` elements of ``dtype`` on backend ``xp``.
 

@@ -9,7 +9,7 @@ import pytest
 
 from pserver.config import OptimConfig
 from pserver.errors import ConfigError
-from pserver.optim import RULES, make_updater
+from pserver.optim import RULES, make_updater, scheduled_lr
 
 DTYPES = [np.float32, np.float64]
 
@@ -184,3 +184,10 @@ def test_bad_inputs() -> None:
     updater = make_updater(OptimConfig(), 4, np, np.float32)
     with pytest.raises(ValueError, match="4 elements"):
         updater.step(np.zeros(3, np.float32), np.zeros(3, np.float32), 0.1)
+
+
+def test_step_decay_multiplies_by_gamma_at_each_milestone() -> None:
+    cfg = OptimConfig(lr=0.1, lr_milestones=[2, 5], lr_gamma=0.5)
+    got = [scheduled_lr(cfg, e) for e in range(7)]
+    assert got == pytest.approx([0.1, 0.1, 0.05, 0.05, 0.05, 0.025, 0.025])
+    assert scheduled_lr(OptimConfig(lr=0.3), 100) == 0.3  # no milestones: constant

@@ -21,7 +21,7 @@ from pserver.comm.payload import Payloads
 from pserver.comm.waiting import Waiter
 from pserver.config import inject_plan
 from pserver.context import Context
-from pserver.optim import make_updater
+from pserver.optim import make_updater, scheduled_lr
 from pserver.protocols import Arrival, Protocol, UpdateDecision, make_protocol
 from pserver.topology import Block
 from pserver.wire import Header, Reply, Tag, WireError, header_buffer, reply_aux, reply_tag
@@ -215,7 +215,8 @@ class ServerShard:
 
     def update(self, st: BlockState) -> None:
         decision = st.protocol.commit(st.ts)
-        lr = self.cfg.optim.lr * decision.lr_scale
+        epoch = self.samples_used(st) // self.ctx.train_size  # the epoch these gradients are in
+        lr = scheduled_lr(self.cfg.optim, epoch) * decision.lr_scale
         g = st.accum if st.held is None else st.held
         if decision.divisor != 1.0:
             self.xp.multiply(g, 1.0 / decision.divisor, out=g)
@@ -239,8 +240,7 @@ class ServerShard:
         server trains the given epochs); ``"computed"`` also counts those the protocol dropped,
         i.e. passes of the learners over the data (PSP-SGD's epochs under partial pushing).
         """
-        used = st.applied + (st.dropped if self.cfg.run.epoch_basis == "computed" else 0)
-        samples = used * self.cfg.data.batch_size
+        samples = self.samples_used(st)
         while samples >= st.next_epoch * self.ctx.train_size:
             epoch = st.next_epoch
             st.next_epoch += 1
@@ -250,6 +250,11 @@ class ServerShard:
         if samples >= self.total_samples:
             st.done = True
         self.answer_waiting(st)
+
+    def samples_used(self, st: BlockState) -> int:
+        """Samples counted towards the epochs so far (``run.epoch_basis``, see after_update)."""
+        used = st.applied + (st.dropped if self.cfg.run.epoch_basis == "computed" else 0)
+        return used * self.cfg.data.batch_size
 
     def answer_waiting(self, st: BlockState) -> None:
         waiting, st.waiting_pulls = st.waiting_pulls, []
