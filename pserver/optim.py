@@ -242,7 +242,7 @@ def scheduled_lr(cfg: OptimConfig, epoch: int) -> float:
     scaling (Rudra eq. 6, hardsync's √(λμ/B)) multiplies this rate.
     """
     k = sum(1 for m in cfg.lr_milestones if m <= epoch)
-    return cfg.lr * cfg.lr_gamma**k if k else cfg.lr
+    return cfg.lr * cfg.lr_gamma**k
 
 
 def make_updater(cfg: OptimConfig, size: int, xp: Any, dtype: Any) -> Updater:
