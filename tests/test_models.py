@@ -128,3 +128,13 @@ def test_softmax_is_stable_for_huge_logits():
 def test_bad_model_config_raises(cfg, fragment):
     with pytest.raises(ConfigError, match=fragment):
         build_model(cfg, 4, 3)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_null_model_writes_a_zero_gradient_whatever_the_buffer_held(dtype):
+    # learners hand it buffers from np.empty (or a shard's scratch): it must define every element
+    m = build_model(ModelConfig(kind="null", size_mib=0.01, dtype=dtype), 5, 3)
+    w = m.init_params(0)
+    grad = np.full_like(w, np.nan)
+    m.loss_grad(w, *toy(), grad)
+    assert np.array_equal(grad, np.zeros_like(w))
