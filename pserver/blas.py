@@ -54,7 +54,8 @@ def limit_late_blas() -> None:
     """Apply the limit chosen at start to BLAS libraries loaded since; call after loading one.
 
     threadpoolctl limits the libraries loaded when it is called. SciPy wheels bring their own
-    OpenBLAS, which only the SGD update loads (:func:`pserver.optim._blas_axpy`); left out of
+    OpenBLAS, which only the SGD update loads (:func:`pserver.optim._blas_axpy`, called by
+    :func:`pserver.optim.preload` before the start barrier on a shard); left out of
     the limit it started 2 threads on 2 cores and the shard used 111-120 % of a core instead
     of ~50 % (64 KiB model, ``cpu_time`` in the dump).
     """

@@ -91,6 +91,10 @@ def run(ctx, world) -> None:  # noqa: ANN001 - Context and MPI.Comm, imported la
     sys.setswitchinterval(ctx.cfg.comm.switch_interval)
     limit_blas_threads(ctx.cfg.run.blas_threads, ctx.log)
     weights = ctx.model.init_params(ctx.cfg.run.seed)  # same seed on every rank: same w0
+    if ctx.role is Role.SERVER:  # imports of the first update happen before the clock starts
+        from pserver.optim import preload
+
+        preload(ctx.cfg.optim.rule, ctx.xp, weights.dtype)
     if ctx.cfg.comm.transport == "shm":
         from pserver.comm.shm import SharedWindows
 

@@ -228,6 +228,17 @@ def _blas_axpy(dtype: np.dtype) -> Any:
     return get_blas_funcs("axpy", dtype=dtype)
 
 
+def preload(rule: str, xp: Any, dtype: Any) -> None:
+    """Load now what the first :meth:`Updater.step` of ``rule`` would import (SciPy's BLAS).
+
+    A shard calls this before the start barrier: imported at the first update instead, SciPy
+    took 1-3 s while overlapped learners went on computing from w0 (async, λ = 4: max σ 134).
+    The BLAS thread limit reaches SciPy's own OpenBLAS here too (:func:`_blas_axpy`).
+    """
+    if rule == "sgd" and not _is_cupy(xp):
+        _blas_axpy(np.dtype(dtype))
+
+
 def _in_place(result: np.ndarray, target: np.ndarray) -> None:
     """f2py returns ``y`` itself when it could work in place; anything else is a bug here."""
     if result is not target:

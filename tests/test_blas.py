@@ -69,3 +69,33 @@ print(json.dumps([(i["filepath"], i["num_threads"]) for i in threadpool_info()
     libs = json.loads(out.stdout)
     assert any("scipy" in path for path, _ in libs), libs  # SciPy's own BLAS was loaded
     assert all(n == 1 for _, n in libs), libs
+
+
+def test_a_shard_loads_scipys_blas_before_training_within_the_limit():
+    # pserver.optim.preload runs before the start barrier (cli.run): imported at the first
+    # update instead, SciPy took 1-3 s while overlapped learners computed on w0
+    code = """
+import json
+import logging
+import sys
+from threadpoolctl import threadpool_info
+from pserver.blas import limit_blas_threads
+from pserver.optim import preload
+import numpy as np
+limit_blas_threads(0, logging.getLogger("t"))
+assert "scipy.linalg.blas" not in sys.modules
+preload("momentum", np, np.float32)
+assert "scipy.linalg.blas" not in sys.modules  # only the SGD update uses SciPy
+preload("sgd", np, np.float32)
+assert "scipy.linalg.blas" in sys.modules
+print(json.dumps([(i["filepath"], i["num_threads"]) for i in threadpool_info()
+                  if i["user_api"] == "blas"]))
+"""
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_ENV}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    libs = json.loads(out.stdout)
+    assert any("scipy" in path for path, _ in libs), libs
+    assert all(n == 1 for _, n in libs), libs
