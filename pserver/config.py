@@ -109,6 +109,7 @@ class CommConfig:
     cuda_aware: str = "auto"  # auto | yes | no: whether MPI may read GPU buffers directly
     transport: str = "messages"  # messages | shm: payloads between ranks of a node (comm/shm.py)
     switch_interval: float = 5e-4  # sys.setswitchinterval: how soon a comm thread gets the GIL
+    max_inflight: int = 0  # overlap modes, async/softsync: own pushes not yet acknowledged; 0: 2
 
 
 @dataclass
@@ -189,6 +190,7 @@ POSITIVE = {
 }
 NON_NEGATIVE = {
     "run.blas_threads",
+    "comm.max_inflight",
     "cluster.learners",
     "cluster.tree_fanout",
     "cluster.bcast_fanout",
@@ -312,6 +314,15 @@ def validate(cfg: Config) -> Config:
             f"comm.mode = {cfg.comm.mode!r} overlaps pulls with compute, which SSP's bound and "
             "partial pulling (protocol.pull_fraction < 1) do not allow: use comm.mode = "
             '"blocking"'
+        )
+    if cfg.comm.max_inflight and (
+        cfg.comm.mode == "blocking" or cfg.protocol.name in ("hardsync", "psp")
+    ):
+        raise ConfigError(
+            f"comm.max_inflight = {cfg.comm.max_inflight}: bounds how far an overlapped learner "
+            "runs ahead of its own gradients under async and softsync; with comm.mode = "
+            f"{cfg.comm.mode!r} and protocol.name = {cfg.protocol.name!r} a learner already "
+            "waits for each new model: leave it 0"
         )
     if cfg.cluster.tree_fanout and (
         cfg.protocol.name in ("psp", "ssp") or cfg.protocol.lr_policy == "per-gradient"

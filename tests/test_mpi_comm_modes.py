@@ -52,3 +52,60 @@ def test_every_mode_trains_and_shuts_down_cleanly(tmp_path, mode, protocol):
     for group in (learners, dump.group("servers")):
         assert np.all(group["run_time"] > 0) and np.all(group["cpu_time"] > 0)
         assert np.all(group["run_time"] <= dump.attrs["wall_time"] + 1.0)
+
+
+def gradients_by_learner(dump) -> dict[int, tuple[np.ndarray, np.ndarray]]:  # noqa: ANN001
+    """(timestamp, update) of each learner's gradients in push order (one shard: arrival order)."""
+    g = dump.group("gradients")
+    return {
+        int(lr): (g["timestamp"][g["learner"] == lr], g["update"][g["learner"] == lr])
+        for lr in np.unique(g["learner"])
+    }
+
+
+@pytest.mark.parametrize("mode", ["nonblocking", "thread"])
+def test_async_learners_compute_on_models_holding_all_but_max_inflight_of_their_gradients(
+    tmp_path, mode
+):
+    # pserver/inflight.py: gradient k is computed on weights that contain the learner's
+    # gradient k - m (async: each gradient is its own update, whose timestamp "update" is);
+    # without the bound a learner computed dozens of gradients on w0 (max σ up to 134)
+    m = 2  # comm.max_inflight = 0: auto
+    train(
+        tmp_path, 7, f"comm.mode={mode}", "protocol.name=async", "blocks.count=2",
+        "run.epochs=2", "optim.rule=sgd",
+    )
+    dump = load_dump(tmp_path / "stats.h5")
+    for learner, (ts, update) in gradients_by_learner(dump).items():
+        assert np.all(update >= 0)  # async drops nothing
+        behind = np.flatnonzero(ts[m:] < update[:-m])
+        assert behind.size == 0, (learner, [(k + m, ts[k + m], update[k]) for k in behind[:5]])
+
+
+@pytest.mark.parametrize("mode", ["nonblocking", "thread"])
+@pytest.mark.parametrize("m", [1, 2])
+def test_one_async_learner_has_staleness_below_max_inflight(tmp_path, mode, m):
+    # λ = 1: only the learner's own gradients update the weights, so σ ≤ m − 1 exactly;
+    # before the bound it ran ahead while the shard imported SciPy for its first update
+    train(
+        tmp_path, 4, f"comm.mode={mode}", "protocol.name=async", "run.epochs=1",
+        "optim.rule=sgd", f"comm.max_inflight={m}",
+    )
+    sigma = load_dump(tmp_path / "stats.h5").group("gradients")["staleness"]
+    assert sigma.size > 0 and sigma.max() <= m - 1, np.bincount(sigma)
+
+
+@pytest.mark.parametrize("mode", ["nonblocking", "thread"])
+def test_one_async_learner_with_one_gradient_in_flight_reproduces_serial_sgd(tmp_path, mode):
+    # comm.max_inflight = 1: each gradient is computed on weights holding all the earlier
+    # ones, as in serial SGD (the default, 2, computes gradient k + 1 while k travels)
+    common = (
+        "run.epochs=2", "protocol.name=async", f"comm.mode={mode}", "blocks.count=3",
+        "comm.max_inflight=1",
+    )
+    train(tmp_path, 4, *common)
+    with h5py.File(tmp_path / "stats.h5", "r") as f:
+        w_parallel = f["model/weights"][:]
+    cfg = load_config(QUICKSTART, list(common))
+    w_serial = train_serial(cfg, load_dataset(cfg.data, cfg.run.seed))
+    np.testing.assert_array_equal(w_parallel, w_serial)

@@ -7,6 +7,13 @@ flows in as soon as the server has one. Gradients go out from two alternating bu
 of one minibatch overlaps the compute of the next, but a push never starts before the previous
 one was delivered, so μ stays what the user set (gradients are never summed on the learner).
 
+Under async and n-softsync a learner never waits for a newer model, so on its own it would run
+ahead of its gradients without limit: it follows each push with a pull request for weights of
+any age, and computes only while at most ``comm.max_inflight`` of its pushes are not yet
+acknowledged by an installed answer (:mod:`pserver.inflight`, whose docstring bounds the
+staleness this leaves and proves that waiting for the bound cannot deadlock). Hardsync and PSP
+wait for the next model before every minibatch, which bounds them already.
+
 ``nonblocking``: one thread; the requests progress whenever the learner waits.
 ``thread``: a communication thread drives the requests (tests with back-off sleeps, so it burns
 no core) and wakes the compute thread through a condition variable; progress then continues
@@ -25,6 +32,7 @@ from mpi4py import MPI
 from pserver.comm.payload import Payloads
 from pserver.comm.waiting import BACKOFF, SPIN_TESTS, tighten_timer_slack
 from pserver.context import Context
+from pserver.inflight import InflightWindow, inflight_limit
 from pserver.roles.learner import Learner
 from pserver.topology import Block
 from pserver.wire import Header, Reply, Tag, WireError, header_buffer, reply_tag
@@ -35,6 +43,13 @@ class OverlapLearner(Learner):
         super().__init__(ctx, weights)
         self.grads = [self.grad, self.xp.empty_like(self.grad)]
         self.arrived: dict[int, int] = {}  # block -> timestamp now complete in w_comm
+        self.current: set[int] = set()  # blocks answered "yours is current" (no payload)
+        # async and n-softsync: bound the pushes the model we compute with does not acknowledge
+        self.window = (
+            None
+            if self.waits_for_update
+            else InflightWindow(inflight_limit(self.cfg.comm.max_inflight), self.by_index)
+        )
         self.pushing: list[MPI.Request] = []
         self.lock = threading.Condition()
         self.threaded = self.cfg.comm.mode == "thread"
@@ -120,18 +135,26 @@ class OverlapLearner(Learner):
             raise WireError(f"learner expected a reply for block {b.index}, got {h}")
         if h.aux == Reply.STOP:
             self.stopped.add(b.index)
+            if self.window is not None:
+                self.window.stop(b.index)
             self.answer_kids()
         elif h.aux == Reply.WEIGHTS:
             req = self.posted.pop(b.index)
             req.Wait()  # the payload follows its header at once: nothing to wait for in practice
             self.payloads.arrived(b.index, self.w_comm[b.start : b.stop])
             self.arrived[b.index] = h.timestamp
+            if self.window is not None:
+                self.window.answer(b.index)
+        elif h.aux == Reply.CURRENT and self.window is not None:  # a request of any age
+            self.current.add(b.index)
+            self.window.answer(b.index)
         else:  # a long poll asks for newer weights, so CURRENT cannot come back
             raise WireError(f"unexpected reply {h} to a long poll")
 
     def model_ready(self) -> bool:
         live = [b for b in self.blocks if b.index not in self.stopped]
-        return bool(live) and all(b.index in self.arrived for b in live)
+        answered = self.arrived.keys() | self.current
+        return bool(live) and all(b.index in answered for b in live)
 
     def all_stopped(self) -> bool:
         return len(self.stopped) == len(self.blocks)
@@ -142,7 +165,17 @@ class OverlapLearner(Learner):
                 self.ask(b)
 
     def oldest(self, b: Block) -> int:
+        if self.window is not None:
+            return 0  # answered at once: acknowledges our pushes so far (pserver.inflight)
         return self.have[b.index] + 1  # long poll: answered by the next update
+
+    def ask_uncovered(self) -> None:
+        """Ask again every live block with pushes that no request was sent after."""
+        assert self.window is not None
+        for index in self.window.uncovered():
+            if index not in self.asked:
+                self.ask(self.by_index[index])
+                self.window.ask(index)
 
     def install_arrived(self) -> None:
         MPI.Request.Waitall(self.serving)  # children's copies read w, which the swap recycles
@@ -151,8 +184,13 @@ class OverlapLearner(Learner):
         for b in fresh:
             self.have[b.index] = self.arrived[b.index]
         self.arrived.clear()
+        self.current.clear()
         self.install(fresh)
-        self.ask_all()
+        if self.window is None:
+            self.ask_all()
+        else:
+            self.window.install()
+            self.ask_uncovered()
         self.answer_kids()
 
     def start_push(self, grad: Any) -> None:
@@ -163,6 +201,10 @@ class OverlapLearner(Learner):
             self.ch.ctrl.Send(hdr.pack(self.out[0]), self.owner[b.index], Tag.PUSH)
             buf = self.payloads.outgoing(b.index, grad[b.start : b.stop])
             self.pushing.append(self.ch.bulk.Isend(buf, self.owner[b.index], b.index))
+        if self.window is not None:
+            self.window.push()
+            if not self.asked and not self.arrived and not self.current:
+                self.ask_uncovered()  # else asked again once those answers are installed
 
     # -- waiting -------------------------------------------------------------------------------
 
@@ -217,8 +259,9 @@ class OverlapLearner(Learner):
         if self.threaded:
             self.thread.start()
         try:
-            with self.lock:
-                self.ask_all()
+            if self.window is None:  # async and n-softsync ask after their first push
+                with self.lock:
+                    self.ask_all()
             while self.overlap_step():
                 self.records.maybe_send()
             self.push_time += self.wait(lambda: not self.pushing, "the last push")
@@ -231,17 +274,26 @@ class OverlapLearner(Learner):
             self.prefetch.close()
         self.finish()
 
+    def may_go(self, need_new: bool) -> bool:
+        """Whether the next minibatch may be computed on the installed model."""
+        return not need_new and (self.window is None or self.window.may_compute())
+
     def overlap_step(self) -> bool:
         need_new = self.waits_for_update and self.steps > 0  # the first minibatch runs on w0
-        pull = self.wait(
-            lambda: self.all_stopped() or self.model_ready() or not need_new,
-            f"weights of blocks {sorted(self.asked)}",
-        )
-        with self.lock:
-            if self.all_stopped():
-                return False
-            if self.model_ready():
-                self.install_arrived()
+        pull = 0.0
+        while True:  # twice at most when bounded (pserver.inflight: liveness, point 4)
+            pull += self.wait(
+                lambda n=need_new: self.all_stopped() or self.model_ready() or self.may_go(n),
+                f"weights of blocks {sorted(self.asked)}",
+            )
+            with self.lock:
+                if self.all_stopped():
+                    return False
+                if self.model_ready():
+                    self.install_arrived()
+                    need_new = False
+                if self.may_go(need_new):
+                    break
         X, y = self.prefetch.get()
         started = time.perf_counter()
         self.grad = self.grads[self.steps % 2]  # free: its push finished before the last began
