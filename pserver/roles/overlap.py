@@ -274,6 +274,17 @@ class OverlapLearner(Learner):
             self.prefetch.close()
         self.finish()
 
+    def waiting_for(self) -> str:
+        """What the wait before a minibatch waits for, for the stall report."""
+        what = f"weights of blocks {sorted(self.asked)}"
+        w = self.window
+        if w is not None and not w.may_compute():
+            what += (
+                f" ({w.unacknowledged()} of our pushes unacknowledged, "
+                f"comm.max_inflight allows {w.limit})"
+            )
+        return what
+
     def may_go(self, need_new: bool) -> bool:
         """Whether the next minibatch may be computed on the installed model."""
         return not need_new and (self.window is None or self.window.may_compute())
@@ -284,7 +295,7 @@ class OverlapLearner(Learner):
         while True:  # twice at most when bounded (pserver.inflight: liveness, point 4)
             pull += self.wait(
                 lambda n=need_new: self.all_stopped() or self.model_ready() or self.may_go(n),
-                f"weights of blocks {sorted(self.asked)}",
+                self.waiting_for(),
             )
             with self.lock:
                 if self.all_stopped():
