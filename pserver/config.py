@@ -58,6 +58,7 @@ class ProtocolConfig:
     s: int = 3  # ssp: how many clocks a learner may run ahead of the slowest
     pull_fraction: float = 1.0  # partial pulling: start computing once this share of blocks is in
     tau2: float = 0.0  # partial pulling: seconds to wait for more blocks after that share
+    pull_timestamp: str = "auto"  # auto | iteration | block: what a push's round is (rounds.py)
 
 
 @dataclass
@@ -157,6 +158,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "run.epoch_basis": ("applied", "computed"),
     "protocol.name": ("hardsync", "softsync", "async", "psp", "ssp"),
     "protocol.lr_policy": ("auto", "none", "mean", "per-gradient"),
+    "protocol.pull_timestamp": ("auto", "iteration", "block"),
     "optim.rule": ("sgd", "momentum", "nesterov", "adagrad"),
     "model.kind": ("softmax", "mlp", "null", "cnn"),
     "model.dtype": ("float32", "float64"),
@@ -307,6 +309,7 @@ def validate(cfg: Config) -> Config:
             f"protocol.pull_fraction = {cfg.protocol.pull_fraction!r}: expected a share in (0, 1]"
         )
     inject_plan(cfg).validate()
+    check_pull_timestamp(cfg)
     if cfg.comm.mode != "blocking" and (
         cfg.protocol.name == "ssp" or cfg.protocol.pull_fraction < 1.0
     ):
@@ -372,6 +375,49 @@ def validate(cfg: Config) -> Config:
             f"comm.poll_min = {cfg.comm.poll_min} exceeds comm.poll_max = {cfg.comm.poll_max}"
         )
     return cfg
+
+
+#: Protocols that wait for every learner's gradient of a round (``waits_for_update``).
+ROUND_PROTOCOLS = ("hardsync", "psp")
+
+
+def pull_timestamp(cfg: Config) -> str:
+    """The round a push answers: ``"iteration"`` or ``"block"`` (pserver/protocols/rounds.py).
+
+    ``auto``: the iteration rule of PSP-SGD's Algorithm 1 where partial pulling meets a protocol
+    that waits for every learner (the block rule can deadlock there), the block rule elsewhere
+    (with ``pull_fraction = 1`` the two take the same gradients).
+    """
+    p = cfg.protocol
+    if p.pull_timestamp != "auto":
+        return p.pull_timestamp
+    return "iteration" if p.name in ROUND_PROTOCOLS and p.pull_fraction < 1.0 else "block"
+
+
+def check_pull_timestamp(cfg: Config) -> None:
+    """Refuse the combinations of ``protocol.pull_timestamp`` that can hang or mean nothing."""
+    p, rule = cfg.protocol, cfg.protocol.pull_timestamp
+    if rule == "block" and p.name in ROUND_PROTOCOLS and p.pull_fraction < 1.0:
+        raise ConfigError(
+            f'protocol.pull_timestamp = "block" with protocol.pull_fraction < 1 can deadlock '
+            f"under {p.name}: a gradient computed on a kept, older block copy carries that "
+            "block's timestamp, is dropped and never counts as the learner's response; use "
+            'pull_timestamp = "iteration" (or "auto"), PSP-SGD\'s rule'
+        )
+    if rule != "iteration":
+        return
+    if p.name not in ROUND_PROTOCOLS:
+        raise ConfigError(
+            f'protocol.pull_timestamp = "iteration" applies to hardsync and psp only; {p.name} '
+            'accepts gradients of any age: use "auto" or "block"'
+        )
+    if cfg.cluster.tree_fanout or cfg.comm.mode != "blocking":
+        raise ConfigError(
+            'protocol.pull_timestamp = "iteration" needs cluster.tree_fanout = 0 and '
+            'comm.mode = "blocking": aggregators relay (learner, timestamp) pairs without the '
+            "iteration, and the overlapped learners (and the bcast tree they need) tag each "
+            "block with its own timestamp"
+        )
 
 
 def inject_plan(cfg: Config) -> InjectPlan:

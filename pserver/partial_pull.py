@@ -7,16 +7,20 @@ A reply older than the iteration requires is dropped (lines 10-11) and the block
 previous copy; so does a block whose reply has not arrived yet. Those are the :meth:`missing`
 blocks: the learner computes with its old copy of them, leaves their requests outstanding, and
 judges the late replies when they land, against the requirement of the iteration in progress
-then.
+then. A block that answers STOP leaves the iteration (:meth:`PartialPull.forget`): it is done
+and will never send newer weights.
 
-The requirement is per block and comes from the driver (:meth:`PartialPull.start`):
+The requirement and the tag the pushes carry come from :class:`PullRule`
+(``protocol.pull_timestamp``; the rules and the liveness proof are in
+:mod:`pserver.protocols.rounds`):
 
-* Rudra-style (recommended with PSP's partial push): ``wanted[b] = have[b] + 1``, "weights newer
-  than the copy my last gradient came from". With ``fraction = 1`` this is Hardsync's pull.
-  A block that missed an iteration keeps ``have[b]``, so its late reply (the server only answers
-  with weights newer than that) is accepted in the next iteration.
-* Algorithm 1 verbatim: ``wanted = t`` (an int) for the learner's iteration ``t``, when the
-  servers' block timestamps advance in step with the learners' iterations.
+* ``block`` (Rudra): ``wanted[b] = have[b] + 1``, "weights newer than the copy my last
+  gradient came from", and each block's push carries that block's timestamp. With
+  ``fraction = 1`` this is Hardsync's pull. With ``fraction < 1`` and a protocol that waits for
+  every learner it can deadlock (a gradient from a kept copy never counts as the learner's
+  response), so that combination is refused before training.
+* ``iteration`` (Algorithm 1 verbatim): ``wanted = W`` (an int) for the learner's iteration
+  ``W``, and every push of the iteration carries the tag ``τ = max(W, min have)``.
 
 No MPI, no arrays: the driver posts the receives, reports each reply with :meth:`on_block`,
 installs the blocks for which it returns True, and waits until :meth:`ready` (or
@@ -30,6 +34,8 @@ from collections.abc import Mapping
 
 #: Guards ceil() against products like 0.7 * 10 = 7.000000000000001.
 EPS = 1e-9
+
+BLOCK, ITERATION = "block", "iteration"
 
 
 class PartialPull:
@@ -71,9 +77,26 @@ class PartialPull:
         self.wanted = dict(wanted)
         self.used = {}
         self.dropped = 0
+        self.need_time = None
+        self.count(now)
+
+    def count(self, now: float) -> None:
+        """The blocks this iteration needs, ``ceil(b · waited-for blocks)``; time the b-th."""
         n = len(self.wanted)
         self.need = min(n, max(1, math.ceil(self.fraction * n - EPS))) if n else 0
-        self.need_time = now if self.need == 0 else None
+        if self.need_time is None and len(self.used) >= self.need:
+            self.need_time = now
+
+    def forget(self, block: int, now: float) -> None:
+        """``block`` answered STOP: no longer waited for, nor counted in ``fraction``.
+
+        Waiting for it would be waiting for weights that will never come (the liveness proof
+        of :mod:`pserver.protocols.rounds` assumes a STOP ends the wait, A4).
+        """
+        self.check(block)
+        self.wanted.pop(block, None)
+        self.used.pop(block, None)
+        self.count(now)
 
     def on_block(self, block: int, timestamp: int, now: float) -> bool:
         """A reply for ``block`` with weights at ``timestamp`` arrived: use it (lines 10-13)?
@@ -116,3 +139,41 @@ class PartialPull:
     def check(self, block: int) -> None:
         if not 0 <= block < self.n_blocks:
             raise ValueError(f"block {block} out of range 0..{self.n_blocks - 1}")
+
+
+class PullRule:
+    """Which weights a learner's pull asks for, and which iteration tag its pushes carry.
+
+    ``rule`` is ``"block"`` or ``"iteration"`` (``protocol.pull_timestamp`` resolved by
+    :func:`pserver.config.pull_timestamp`); ``waits_for_update``: the protocol's (hardsync, psp).
+
+    Iteration rule (PSP-SGD Algorithm 1, worker lines 2, 10-13, 17): ``tag`` is the tag of the
+    last push (0: the first minibatch runs on w0 at iteration 0). The next iteration ``W =
+    tag + 1`` asks every block for weights ``>= W``; once the pull is over, :meth:`pulled` sets
+    the tag of this iteration's pushes to ``max(W, min have)``. The ``min have`` catches a
+    learner up that fell behind the blocks (a straggler under ``c < λ``, whose every gradient
+    would otherwise be dropped as ``t' < t``), without ever tagging a push past the block it
+    goes to (``tag <= have[j] <= ts_j``): assumption A2 of the liveness proof.
+    """
+
+    def __init__(self, rule: str, waits_for_update: bool) -> None:
+        if rule not in (BLOCK, ITERATION):
+            raise ValueError(f"pull rule {rule!r}: expected {BLOCK!r} or {ITERATION!r}")
+        self.rule = rule
+        self.waits_for_update = waits_for_update
+        self.tag = 0
+
+    def oldest(self, have: int) -> int:
+        """The oldest timestamp a pull of a block held at ``have`` accepts now."""
+        if self.rule == ITERATION:
+            return self.tag + 1
+        return have + 1 if self.waits_for_update else 0
+
+    def pulled(self, have: Mapping[int, int]) -> None:
+        """The pull of an iteration is over; ``have``: the timestamps of the live blocks."""
+        if self.rule == ITERATION and have:
+            self.tag = max(self.tag + 1, min(have.values()))
+
+    def push_iteration(self) -> int | None:
+        """The iteration tag of this iteration's pushes; None under the block rule."""
+        return self.tag if self.rule == ITERATION else None

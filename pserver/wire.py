@@ -23,7 +23,8 @@ class Tag(enum.IntEnum):
 
     PULL = 1  # learner -> server: block, timestamp it holds, aux = oldest timestamp it accepts
     PUSH = 2  # learner -> server: block, timestamp of the weights used; payload follows
-    # (from an aggregator: aux = n summed gradients, whose clocks follow as a CLOCK message)
+    # (aux = push_aux(iteration): 0, or the learner's iteration tag as a negative number;
+    # from an aggregator: aux = n summed gradients, whose clocks follow as a CLOCK message)
     REPLY = 3  # server -> learner: aux = one of Reply; block, timestamp of the weights
     BYE = 4  # learner -> server / data server / stats server: this learner is finished
     DATA_REQ = 5  # learner I/O thread -> data server: send me a minibatch
@@ -53,6 +54,19 @@ def reply_aux(kind: Reply, version: int = 0) -> int:
 def split_reply(aux: int) -> tuple[int, int]:
     """(kind, window version) of a reply's aux word."""
     return aux & ((1 << VERSION_SHIFT) - 1), aux >> VERSION_SHIFT
+
+
+def push_aux(iteration: int | None) -> int:
+    """The aux word of a learner's push: 0 (block rule), or ``-(iteration + 1)`` (< 0).
+
+    Negative, so that it can never be read as an aggregator's count of summed gradients (> 0).
+    """
+    return 0 if iteration is None else -(iteration + 1)
+
+
+def push_iteration(aux: int) -> int | None:
+    """The iteration tag of a learner's push (None under the block rule); see push_aux."""
+    return None if aux >= 0 else -aux - 1
 
 
 class WireError(PserverError):

@@ -8,6 +8,7 @@ import pytest
 
 from pserver.protocols.base import Arrival, UpdateDecision
 from pserver.protocols.psp import SECOND, STALE, PartialPush
+from pserver.protocols.rudra import Hardsync
 
 
 def push(p: PartialPush, learner: int, ts: int, time: float, server_ts: int) -> bool:
@@ -175,3 +176,77 @@ def test_contract() -> None:
     p = PartialPush(n_learners=32, c=28, tau1=0.0)  # Table 1's "push:28"
     assert p.waits_for_update
     assert "c=28 of 32" in p.describe()
+
+
+# -- the iteration rule (PSP-SGD Algorithm 1, worker line 17; protocols/rounds.py) -------------
+
+
+def tagged(p, learner: int, have: int, iteration: int, server_ts: int, time: float = 0.0):
+    return p.on_gradient(Arrival(learner, have, time, iteration), server_ts)
+
+
+def test_iteration_tag_decides_the_round_and_the_copy_gives_sigma() -> None:
+    p = PartialPush(n_learners=3, c=3, tau1=0.0)
+    dec = tagged(p, 0, have=3, iteration=5, server_ts=5)  # computed on a kept copy of w^3
+    assert dec.accept and dec.staleness == 2  # line 7 looks at t' = 5; σ stays honest
+    dec = tagged(p, 1, have=4, iteration=4, server_ts=5)  # an old iteration on old weights
+    assert not dec.accept and dec.reason == STALE and dec.staleness == 1
+    dec = tagged(p, 1, have=5, iteration=2, server_ts=5)  # a straggler's tag, today's weights
+    assert dec.accept and dec.staleness == 0
+    assert tagged(p, 2, have=5, iteration=7, server_ts=5).accept  # a tag ahead of the block
+    assert p.ready()
+    d = p.commit(5)
+    assert d.vector_clock == (3, 5, 5) and d.learners == (0, 1, 2)
+    assert d.mean_staleness == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="ahead"):  # a copy newer than the block is a bug
+        tagged(p, 0, have=7, iteration=7, server_ts=6)
+
+
+def test_a_learner_that_answered_in_an_earlier_round_has_responded() -> None:
+    # c = λ = 2. Learner 0 ran ahead of this block: its iterations 4 and 5 both land in round 4
+    # (the second is dropped, but it has answered round 5). Round 5 must not wait for learner
+    # 0 again: learner 0 waits for this very block before its iteration 6 (the deadlock).
+    p = PartialPush(n_learners=2, c=2, tau1=0.0)
+    assert tagged(p, 0, have=4, iteration=4, server_ts=4).accept
+    dec = tagged(p, 0, have=4, iteration=5, server_ts=4)
+    assert not dec.accept and dec.reason == SECOND
+    assert not p.ready()
+    assert tagged(p, 1, have=4, iteration=4, server_ts=4).accept
+    assert p.ready() and p.commit(4).learners == (0, 1)
+    assert not p.ready(1e9)  # a new round never opens with everyone answered (the invariant)
+    assert tagged(p, 1, have=5, iteration=5, server_ts=5).accept
+    assert p.ready()  # everyone has responded to round 5: close it with d = 1
+    d = p.commit(5)
+    assert d.learners == (1,) and d.divisor == d.lr_scale == 1.0
+
+
+def test_stale_tag_is_no_response_under_the_iteration_rule_either() -> None:
+    p = PartialPush(n_learners=2, c=2, tau1=0.0)
+    assert tagged(p, 0, have=6, iteration=6, server_ts=6).accept
+    assert not tagged(p, 1, have=5, iteration=5, server_ts=6).accept
+    assert not p.ready(1e9)
+    assert tagged(p, 1, have=5, iteration=6, server_ts=6).accept  # kept copy, iteration 6
+    assert p.ready()
+
+
+def test_block_rule_is_the_iteration_rule_with_the_copy_as_tag() -> None:
+    # Without a tag the push answers the round of its copy: exactly the per-block rule.
+    for p in (PartialPush(n_learners=2, c=2, tau1=0.0), Hardsync(2, 16, 16)):
+        assert p.on_gradient(Arrival(0, 3, 0.0), server_ts=3).accept
+        assert not p.on_gradient(Arrival(1, 2, 0.0), server_ts=3).accept
+        assert not p.ready(1e9)
+        assert p.on_gradient(Arrival(1, 3, 0.0), server_ts=3).accept
+        assert p.ready()
+
+
+def test_hardsync_takes_the_iteration_rule_and_averages_what_it_took() -> None:
+    p = Hardsync(n_learners=2, batch_size=16, ref_batch=16)
+    assert tagged(p, 0, have=2, iteration=3, server_ts=3).accept  # kept copy, σ = 1
+    assert not tagged(p, 0, have=2, iteration=4, server_ts=3).accept  # ran ahead: answered
+    assert tagged(p, 1, have=3, iteration=3, server_ts=3).accept
+    d = p.commit(3)
+    assert d.divisor == 2.0 and d.vector_clock == (2, 3)
+    assert tagged(p, 1, have=4, iteration=4, server_ts=4).accept
+    assert p.ready()  # learner 0 answered round 4 with its second push
+    d = p.commit(4)
+    assert d.divisor == 1.0 and d.lr_scale == pytest.approx(math.sqrt(2))

@@ -17,7 +17,8 @@ def make_protocol(cfg: Config, n_learners: int) -> Protocol:
     p = cfg.protocol
     if p.name in ("hardsync", "psp") and p.lr_policy not in ("auto", "none"):
         raise ConfigError(
-            f"protocol.lr_policy = {p.lr_policy!r} does not apply to {p.name} (σ is always 0)"
+            f"protocol.lr_policy = {p.lr_policy!r} does not apply to {p.name} (a round takes the "
+            "gradients of that round, whatever their σ)"
             "; use \"auto\" or \"none\""
         )
     if p.name == "hardsync":

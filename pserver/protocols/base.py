@@ -18,6 +18,9 @@ class Arrival:
     learner: int
     timestamp: int  # timestamp of the weights it was computed from
     time: float = 0.0
+    #: the learner's iteration tag (PSP-SGD Algorithm 1, worker line 17), or None: the
+    #: gradient answers round ``timestamp`` (the block rule, see protocols/rounds.py)
+    iteration: int | None = None
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Partial pushing of PSP-SGD (Algorithm 1, server part; the paper's §2.3 and §3).
 
 One instance per parameter block. Round ``t`` of a block is the interval in which its weights
-sit at timestamp ``t``; it gathers gradients computed from exactly those weights and closes
+sit at timestamp ``t``; it closes
 
 * immediately at the ``c``-th accepted gradient when ``tau1 == 0`` (the paper's experiments),
 * ``tau1`` seconds after the ``c``-th accepted gradient otherwise (line 12, "timeout τ1 after
@@ -9,12 +9,15 @@ sit at timestamp ``t``; it gathers gradients computed from exactly those weights
 * as soon as every learner has responded to this round (line 12, "or all workers have
   responded"), whichever comes first.
 
-"Responded" means: sent a gradient computed from this round's weights. A gradient from older
-weights (line 7, t' < t) is dropped (line 8) and does *not* count as a response to round t: it
-answers an earlier broadcast, and its sender is about to pull w^t and answer this round. Were it
-counted, a straggler dropped in round t-1 would close round t early with its stale push and be
-dropped again in round t+1, forever. Each learner counts once per round; a second gradient from
-the same learner in one round is dropped. Hence "all responded" == "all n_learners accepted".
+Which gradients a round takes and what "responded" means follow the push's timestamps
+(:mod:`pserver.protocols.rounds`, where the liveness proof is): under the block rule a push
+answers the round of the weights it was computed from (dropped when older, line 8); under the
+iteration rule (with partial pulling) it answers the learner's iteration ``t'``, dropped only
+when ``t' < t`` (line 7) and the weights are not this round's either. A stale push does *not*
+count as a response to round t: it answers an earlier broadcast, and its sender is about to
+pull w^t and answer this round. Were it counted, a straggler dropped in round t-1 would close
+round t early with its stale push and be dropped again in round t+1, forever. Each learner
+counts once per round; a second gradient from the same learner in one round is dropped.
 
 Because readiness can turn true by time passing alone, :meth:`PartialPush.ready` takes the
 current time and :meth:`PartialPush.deadline` tells the driver when to wake up.
@@ -22,12 +25,12 @@ current time and :meth:`PartialPush.deadline` tells the driver when to wake up.
 
 from __future__ import annotations
 
-from pserver.clocks import staleness
 from pserver.protocols.base import Arrival, GradientDecision, Protocol, UpdateDecision
+from pserver.protocols.rounds import SECOND, Rounds
 from pserver.protocols.rudra import close_round
 
 STALE = "stale: t' < t"
-SECOND = "second gradient in one round"
+__all__ = ["SECOND", "STALE", "PartialPush"]
 
 
 class PartialPush(Protocol):
@@ -55,26 +58,22 @@ class PartialPush(Protocol):
         self.n_learners = n_learners
         self.c = c
         self.tau1 = float(tau1)
+        self.rounds = Rounds(n_learners, self.pending, STALE)
         self.c_time: float | None = None  # arrival time of this round's c-th accepted gradient
         self.last_time = float("-inf")  # latest arrival seen: "now" when ready() gets no time
 
     def on_gradient(self, arrival: Arrival, server_ts: int) -> GradientDecision:
         """Lines 6-11: drop t' < t, else add the gradient to this round (d ← d + 1)."""
         self.last_time = max(self.last_time, arrival.time)
-        sigma = staleness(server_ts, arrival.timestamp)  # raises if t' > t: a driver bug
-        if sigma > 0:
-            return GradientDecision(False, sigma, reason=STALE)
-        if arrival.learner in self.pending.learners:
-            return GradientDecision(False, sigma, reason=SECOND)
-        self.pending.add(arrival)
-        if len(self.pending) == self.c:
+        decision = self.rounds.judge(arrival, server_ts)  # raises if the copy is from the future
+        if decision.accept and len(self.pending) == self.c:
             self.c_time = arrival.time  # line 12: the τ1 timer starts at the c-th gradient
-        return GradientDecision(True, sigma)
+        return decision
 
     def ready(self, now: float | None = None) -> bool:
         """Line 12's exit test at time ``now`` (default: the latest arrival's time)."""
-        if len(self.pending) >= self.n_learners:
-            return True  # all workers have responded
+        if self.rounds.all_responded():
+            return True
         deadline = self.deadline()
         if deadline is None:
             return False  # fewer than c gradients: only arrivals can help
@@ -96,6 +95,7 @@ class PartialPush(Protocol):
         """Lines 13-14: divide the sum by d, scale the learning rate by d, advance t."""
         d = len(self.pending)
         self.c_time = None
+        self.rounds.closed(server_ts)
         return close_round(self, server_ts, divisor=d, lr_scale=float(d))
 
     def describe(self) -> str:

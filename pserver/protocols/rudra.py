@@ -6,6 +6,7 @@ import math
 
 from pserver.clocks import mean_staleness, staleness
 from pserver.protocols.base import Arrival, GradientDecision, Protocol, UpdateDecision
+from pserver.protocols.rounds import Rounds
 
 
 class Hardsync(Protocol):
@@ -15,6 +16,13 @@ class Hardsync(Protocol):
     the reference batch size (§III-B). A gradient computed from older weights cannot occur when
     learners wait for each update (``waits_for_update``); if one arrives anyway it is dropped,
     so the recorded staleness of every applied gradient is 0.
+
+    With partial pulling the pushes carry the learner's iteration (the rule of PSP-SGD's
+    Algorithm 1, :mod:`pserver.protocols.rounds`): a gradient from a kept, older copy of this
+    block is then accepted when its iteration has reached this round (σ > 0 is recorded), and
+    the round closes once every learner has responded. The update averages the d gradients it
+    took (d = λ whenever every learner's gradient of this round landed in it; a learner that
+    ran ahead of this block may have answered it in an earlier round).
     """
 
     name = "hardsync"
@@ -24,21 +32,18 @@ class Hardsync(Protocol):
         super().__init__()
         self.n_learners = n_learners
         self.lr_scale = math.sqrt(n_learners * batch_size / ref_batch)
+        self.rounds = Rounds(n_learners, self.pending, "computed on superseded weights")
 
     def on_gradient(self, arrival: Arrival, server_ts: int) -> GradientDecision:
-        sigma = staleness(server_ts, arrival.timestamp)
-        if sigma != 0:
-            return GradientDecision(False, sigma, reason="computed on superseded weights")
-        if arrival.learner in self.pending.learners:
-            return GradientDecision(False, sigma, reason="second gradient in one round")
-        self.pending.add(arrival)
-        return GradientDecision(True, sigma)
+        return self.rounds.judge(arrival, server_ts)
 
     def ready(self, now: float | None = None) -> bool:
-        return len(self.pending) == self.n_learners
+        return self.rounds.all_responded()
 
     def commit(self, server_ts: int) -> UpdateDecision:
-        return close_round(self, server_ts, divisor=self.n_learners, lr_scale=self.lr_scale)
+        d = len(self.pending)  # λ, except with partial pulling (see the class docstring)
+        self.rounds.closed(server_ts)
+        return close_round(self, server_ts, divisor=d, lr_scale=self.lr_scale)
 
 
 class Softsync(Protocol):

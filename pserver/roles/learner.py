@@ -7,7 +7,11 @@ that brings every block installs the model by swapping that buffer with the comp
 Partial pulling (PSP-SGD Algorithm 1, worker lines 7-15): the learner may start computing once
 ``protocol.pull_fraction`` of the blocks it asked for are in (plus ``protocol.tau2``), keeping
 its previous copy of the others. A reply that misses the iteration stays outstanding and is
-picked up by a later one; no request is sent twice.
+picked up by a later one; no request is sent twice. The timestamps of pulls and pushes follow
+``protocol.pull_timestamp`` (``PullRule``): with partial pulling under hardsync or PSP every push
+of an iteration carries the learner's iteration tag (PSP-SGD Algorithm 1, worker line 17), so
+that a gradient computed on a kept copy still answers the block's round; the liveness proof is
+in ``pserver/protocols/rounds.py``.
 """
 
 from __future__ import annotations
@@ -18,13 +22,22 @@ from typing import Any
 from mpi4py import MPI
 
 from pserver.comm.payload import Payloads
-from pserver.config import inject_plan
+from pserver.config import inject_plan, pull_timestamp
 from pserver.context import Context
-from pserver.partial_pull import PartialPull
+from pserver.partial_pull import PartialPull, PullRule
 from pserver.protocols import make_protocol
 from pserver.roles.prefetch import Prefetcher
 from pserver.topology import Block
-from pserver.wire import Header, Reply, Tag, WireError, header_buffer, reply_tag, split_reply
+from pserver.wire import (
+    Header,
+    Reply,
+    Tag,
+    WireError,
+    header_buffer,
+    push_aux,
+    reply_tag,
+    split_reply,
+)
 
 
 class Learner:
@@ -70,6 +83,7 @@ class Learner:
         self.waits_for_update = make_protocol(self.cfg, len(ctx.layout.learners)).waits_for_update
         p = self.cfg.protocol
         self.partial = PartialPull(len(self.blocks), p.pull_fraction, p.tau2)
+        self.rule = PullRule(pull_timestamp(self.cfg), self.waits_for_update)
         self.extra_compute = inject_plan(self.cfg).compute_time_for(self.index)
         self.slow = self.index == self.cfg.inject.slow_learner
         self.steps = 0
@@ -133,7 +147,7 @@ class Learner:
     def pull(self) -> bool:
         """Ask each live block for weights newer than ours; False once every block has stopped."""
         live = [b for b in self.blocks if b.index not in self.stopped]
-        # hardsync and PSP: each block must be newer than the copy we computed with last time
+        # hardsync and PSP: newer than our copy (block rule) or than our last iteration's tag
         wanted = {b.index: self.oldest(b) for b in live}
         self.partial.start(self.ctx.now(), wanted)
         for b in live:
@@ -153,10 +167,11 @@ class Learner:
         self.waiter.waitall(self.pushing, "gradient pushes to be delivered")
         self.pushing.clear()
         self.install(fresh)
+        self.rule.pulled({i: ts for i, ts in self.have.items() if i not in self.stopped})
         return len(self.stopped) < len(self.blocks)
 
     def oldest(self, b: Block) -> int:
-        return self.have[b.index] + 1 if self.waits_for_update else 0
+        return self.rule.oldest(self.have[b.index])
 
     def ask(self, b: Block) -> None:
         """Send a pull request (Rudra's timestamp inquiry) and post receives for the answer."""
@@ -177,8 +192,11 @@ class Learner:
         kind, version = split_reply(h.aux)
         if kind == Reply.STOP:
             self.stopped.add(b.index)
+            self.partial.forget(b.index, now)  # done: never wait for it again
         elif kind == Reply.CURRENT:
-            self.partial.on_block(b.index, h.timestamp, now)
+            # our copy is fresh enough, unless the iteration rule's requirement rose meanwhile
+            if not self.partial.on_block(b.index, h.timestamp, now):
+                self.ask(b)
         elif kind == Reply.WEIGHTS:
             if self.zero_copy:  # ours to compute on until our next push
                 self.ctx.shm.sync()
@@ -228,7 +246,8 @@ class Learner:
         for b in self.blocks:
             if b.index in self.stopped:
                 continue
-            hdr = Header(Tag.PUSH, b.index, self.have[b.index], self.ctx.rank)
+            aux = push_aux(self.rule.push_iteration())  # the iteration tag, or 0
+            hdr = Header(Tag.PUSH, b.index, self.have[b.index], self.ctx.rank, aux)
             shared = b.index in self.shared  # the shard reads the gradient in its window
             if shared:
                 if not self.grad_in_slot:  # several shards: the slots are apart

@@ -24,7 +24,16 @@ from pserver.context import Context
 from pserver.optim import make_updater, scheduled_lr
 from pserver.protocols import Arrival, Protocol, UpdateDecision, make_protocol
 from pserver.topology import Block
-from pserver.wire import Header, Reply, Tag, WireError, header_buffer, reply_aux, reply_tag
+from pserver.wire import (
+    Header,
+    Reply,
+    Tag,
+    WireError,
+    header_buffer,
+    push_iteration,
+    reply_aux,
+    reply_tag,
+)
 
 
 @dataclass
@@ -168,7 +177,7 @@ class ServerShard:
 
     def shared(self, h: Header) -> bool:
         """Whether this push left its gradient in our shared window (a learner of our node)."""
-        return h.aux == 0 and h.sender in self.window_peers
+        return h.aux <= 0 and h.sender in self.window_peers  # a learner's push, not a sum
 
     def take_gradient(self, st: BlockState, h: Header, g: Any) -> None:
         """The protocol's decision on the gradient(s) of one push, now in ``g``."""
@@ -177,9 +186,11 @@ class ServerShard:
             self.dropped_after_stop += len(entries)
             return
         now = self.ctx.now()
-        decisions = [st.protocol.on_gradient(Arrival(lr, ts, now), st.ts) for lr, ts in entries]
+        decisions = [
+            st.protocol.on_gradient(Arrival(lr, ts, now, it), st.ts) for lr, ts, it in entries
+        ]
         accepted = all(d.accept for d in decisions)  # an aggregated sum is taken whole or not
-        for (learner, ts), d in zip(entries, decisions, strict=True):
+        for (learner, ts, _), d in zip(entries, decisions, strict=True):
             self.record_gradient(st, learner, ts, d.staleness, accepted)
         if accepted:
             self.accumulate(st, decisions[0].weight, g)
@@ -190,13 +201,14 @@ class ServerShard:
         elif not accepted and self.cfg.run.epoch_basis == "computed":
             self.after_update(st)  # a dropped gradient still consumed a minibatch of the epoch
 
-    def contributions(self, h: Header) -> list[tuple[int, int]]:
-        """(learner, timestamp) of each gradient in a push: one, or an aggregator's n."""
-        if h.aux == 0:
-            return [(self.ctx.layout.index(h.sender), h.timestamp)]
+    def contributions(self, h: Header) -> list[tuple[int, int, int | None]]:
+        """(learner, timestamp, iteration tag) of each gradient in a push: one, or an
+        aggregator's n (whose pairs carry no iteration: the tree runs the block rule)."""
+        if h.aux <= 0:
+            return [(self.ctx.layout.index(h.sender), h.timestamp, push_iteration(h.aux))]
         pairs = np.empty(2 * h.aux, dtype=np.int64)
         self.ch.ctrl.Recv(pairs, h.sender, Tag.CLOCK)
-        return [(int(pairs[2 * i]), int(pairs[2 * i + 1])) for i in range(h.aux)]
+        return [(int(pairs[2 * i]), int(pairs[2 * i + 1]), None) for i in range(h.aux)]
 
     def accumulate(self, st: BlockState, weight: float, g: Any) -> None:
         xp = self.xp
