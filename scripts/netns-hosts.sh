@@ -10,9 +10,9 @@
 #   bash scripts/netns-hosts.sh kill         # end every process running on h1..h3
 #   bash scripts/netns-hosts.sh down         # kill, then delete the namespaces (veths, bridge)
 #
-# Environment: NETNS_PREFIX (default "ps-") prefixes every namespace name, so two test runs on
-# one machine do not collide (the hosts are still called h1..h3); NETNS_BIN (default
-# $TMPDIR/pserver-netns-$NETNS_PREFIX) is where the helpers below are installed.
+# Environment: NETNS_PREFIX (default "pserver-") prefixes every namespace name, so two sets of
+# hosts on one machine do not collide (the hosts are still called h1..h3); NETNS_BIN (default
+# $TMPDIR/${NETNS_PREFIX}netns) is where the helpers below are installed.
 #
 # Layout: the bridge br0 lives in its own namespace ${NETNS_PREFIX}sw, not in the root
 # namespace, so the root namespace gets no interface, address or route: traffic between the
@@ -30,9 +30,9 @@
 set -euo pipefail
 HOSTS=(h1 h2 h3)
 NET=10.213.7
-PREFIX=${NETNS_PREFIX:-ps-}
+PREFIX=${NETNS_PREFIX:-pserver-}
 SW=${PREFIX}sw
-BIN=${NETNS_BIN:-${TMPDIR:-/tmp}/pserver-netns-$PREFIX}
+BIN=${NETNS_BIN:-${TMPDIR:-/tmp}/${PREFIX}netns}
 
 install_helpers() {
     mkdir -p "$BIN"
@@ -132,7 +132,8 @@ down() {
     done
     ip netns del "$SW" 2>/dev/null || true
     rmdir /etc/netns 2>/dev/null || true
-    rm -rf "$BIN"
+    rm -f "$BIN/nsrun" "$BIN/nsssh" "$BIN/nsssh.log"
+    rmdir "$BIN" 2>/dev/null || true
 }
 
 case ${1:-} in
