@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.multihost]
 
 SCRIPT = ROOT / "scripts" / "netns-hosts.sh"
 SETUP_TIMEOUT = 60.0  # seconds for any netns-hosts.sh call
-JOB_TIMEOUT = 180.0  # seconds for one job (two epochs take a few seconds on an idle machine)
+JOB_TIMEOUT = 120.0  # seconds for one job (two epochs take a few seconds on an idle machine)
 
 
 @dataclass

@@ -134,3 +134,20 @@ def test_waiter_probe_matches_buffer_and_pickled_messages():
     assert Header.unpack(buf) == Header(Tag.MODEL, 0, 4, 0)
     assert sent()
     comm.Free()
+
+
+def test_idle_inbox_burns_little_cpu():
+    """Probing backs off like any other wait: an idle inbox leaves the CPU to the others."""
+    from pserver.comm.inbox import Inbox
+
+    comm, peers = self_comm(), PeerLog()
+    inbox = Inbox(comm, Waiter(logging.getLogger("test"), peers, 1e-5, 1e-3, 60.0), peers)
+    done = threading.Event()
+    timer = threading.Timer(1.0, done.set)
+    timer.start()
+    cpu0, wall0 = time.thread_time(), time.monotonic()
+    assert inbox.next("a header", also=done.is_set) is None
+    cpu, wall = time.thread_time() - cpu0, time.monotonic() - wall0
+    assert wall >= 0.9
+    assert cpu < 0.25 * wall  # a busy-poll would burn ~100% of the wall time
+    comm.Free()
