@@ -193,12 +193,14 @@ def naive_worker(size_mib: float, steps: int, buffers: bool = False) -> None:
             updater = make_updater(OptimConfig(rule="sgd", lr=LR, weight_decay=0.0), n, np, w.dtype)
         t0 = time.perf_counter()
         for _ in range(steps):
+            # wildcard receives through matched probes, as in pserver (docs/architecture.md)
+            msg = comm.mprobe(MPI.ANY_SOURCE, 0, status)
             if buffers:
-                comm.Recv(g, source=MPI.ANY_SOURCE, tag=0, status=status)
+                msg.Recv(g)
                 updater.step(w, g, LR)
                 comm.Send(w, dest=status.Get_source(), tag=1)
             else:
-                g = comm.recv(source=MPI.ANY_SOURCE, tag=0, status=status)
+                g = msg.recv()
                 w -= LR * g
                 comm.send(w, dest=status.Get_source(), tag=1)
             times.append(time.perf_counter() - t0)

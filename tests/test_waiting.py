@@ -35,3 +35,119 @@ def test_stall_report_lists_last_messages(caplog):
     text = caplog.text
     assert "stalled" in text and "waiting for weights of block 0" in text
     assert "rank 3: PUSH(block=0, ts=7, aux=0)" in text
+
+
+# -- wildcard receives: matched probes on COMM_SELF (one process) -------------------------------
+
+
+def self_comm():
+    from mpi4py import MPI
+
+    return MPI.COMM_SELF.Dup()
+
+
+SENDS: list = []  # (request, buffer): a send to oneself completes only once it is received
+
+
+def send_header(comm, header: Header, tag: int = 0) -> None:
+    from pserver.wire import header_buffer
+
+    buf = header.pack(header_buffer()[0])
+    SENDS.append((comm.Isend(buf, 0, tag), buf))
+
+
+def sent() -> bool:
+    """Every send to oneself was received (none is left pending or lost)."""
+    from mpi4py import MPI
+
+    done = MPI.Request.Testall([req for req, _ in SENDS])
+    if done:
+        SENDS.clear()
+    return done
+
+
+def test_inbox_takes_headers_in_order():
+    from pserver.comm.inbox import Inbox
+
+    comm, peers = self_comm(), PeerLog()
+    inbox = Inbox(comm, Waiter(logging.getLogger("test"), peers), peers)
+    send_header(comm, Header(Tag.PUSH, 1, 7, 0), int(Tag.PUSH))
+    send_header(comm, Header(Tag.PULL, 2, 8, 0), int(Tag.PULL))
+    assert inbox.next("a header") == Header(Tag.PUSH, 1, 7, 0)
+    assert inbox.next("a header") == Header(Tag.PULL, 2, 8, 0)
+    assert "PULL(block=2, ts=8, aux=0)" in peers.report()
+    assert sent()
+    comm.Free()
+
+
+def test_inbox_wait_ended_otherwise_leaves_no_receive_posted():
+    """``also`` or ``due`` end the wait with nothing posted: a header sent afterwards is still
+    pending for anyone (a posted ANY_SOURCE Irecv would have swallowed it), and ``close`` has
+    nothing to withdraw."""
+    from mpi4py import MPI
+
+    from pserver.comm.inbox import Inbox
+
+    comm, peers = self_comm(), PeerLog()
+    inbox = Inbox(comm, Waiter(logging.getLogger("test"), peers), peers)
+    assert inbox.next("a header", also=lambda: True) is None
+    assert inbox.next("a header", due=1.0, clock=lambda: 2.0) is None
+    send_header(comm, Header(Tag.BYE, -1, -1, 0), int(Tag.BYE))
+    assert comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+    assert inbox.next("a header") == Header(Tag.BYE, -1, -1, 0)
+    assert not comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+    assert sent()
+    inbox.close()
+    comm.Free()
+
+
+def test_inbox_returns_an_arrived_header_even_when_also_holds():
+    from pserver.comm.inbox import Inbox
+
+    comm, peers = self_comm(), PeerLog()
+    inbox = Inbox(comm, Waiter(logging.getLogger("test"), peers), peers)
+    send_header(comm, Header(Tag.PUSH, 0, 3, 0), int(Tag.PUSH))
+    polled = []
+    assert inbox.next("a header", also=lambda: polled.append(1) or True) == Header(
+        Tag.PUSH, 0, 3, 0
+    )
+    assert polled  # the other source is polled even when a header is there
+    assert sent()
+    comm.Free()
+
+
+def test_waiter_probe_matches_buffer_and_pickled_messages():
+    import numpy as np
+
+    comm, peers = self_comm(), PeerLog()
+    waiter = Waiter(logging.getLogger("test"), peers)
+    req = comm.isend({"rows": list(range(1000))}, 0, tag=5)
+    send_header(comm, Header(Tag.MODEL, 0, 4, 0), 6)
+    msg, status = waiter.probe(comm, "reports")
+    assert (status.Get_source(), status.Get_tag()) == (0, 5)
+    assert msg.recv() == {"rows": list(range(1000))}
+    req.wait()
+    msg, status = waiter.probe(comm, "reports")
+    assert status.Get_tag() == 6
+    buf = np.zeros(5, np.int64)
+    msg.Recv(buf)
+    assert Header.unpack(buf) == Header(Tag.MODEL, 0, 4, 0)
+    assert sent()
+    comm.Free()
+
+
+def test_idle_inbox_burns_little_cpu():
+    """Probing backs off like any other wait: an idle inbox leaves the CPU to the others."""
+    from pserver.comm.inbox import Inbox
+
+    comm, peers = self_comm(), PeerLog()
+    inbox = Inbox(comm, Waiter(logging.getLogger("test"), peers, 1e-5, 1e-3, 60.0), peers)
+    done = threading.Event()
+    timer = threading.Timer(1.0, done.set)
+    timer.start()
+    cpu0, wall0 = time.thread_time(), time.monotonic()
+    assert inbox.next("a header", also=done.is_set) is None
+    cpu, wall = time.thread_time() - cpu0, time.monotonic() - wall0
+    assert wall >= 0.9
+    assert cpu < 0.25 * wall  # a busy-poll would burn ~100% of the wall time
+    comm.Free()

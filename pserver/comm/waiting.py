@@ -110,8 +110,26 @@ class Waiter:
         if requests:
             self.until(lambda: MPI.Request.Testall(list(requests)), what)
 
-    def probe(self, comm: MPI.Comm, what: Callable[[], str] | str) -> MPI.Status:
-        """Wait until a message from anyone is pending on ``comm``; return its status."""
+    def probe(
+        self, comm: MPI.Comm, what: Callable[[], str] | str
+    ) -> tuple[MPI.Message, MPI.Status]:
+        """Wait until a message from anyone is pending on ``comm``; match it and return it.
+
+        A matched probe (``MPI_Improbe``), never a posted wildcard receive: across hosts,
+        MPICH's default UCX netmod loses posted ``ANY_SOURCE`` receives (docs/architecture.md,
+        "Wildcard receives"). The message is out of MPI's matching from here on: the caller must
+        receive it through the returned ``Message`` (``Recv``/``Irecv``, or ``recv`` when it
+        was pickled), and the status says who sent it with which tag.
+        """
         status = MPI.Status()
-        self.until(lambda: comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status), what)
-        return status
+        found: list[MPI.Message] = []
+
+        def matched() -> bool:
+            # lowercase improbe: its Message also knows a pickled message's size for ``recv``
+            msg = comm.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+            if msg is not None:
+                found.append(msg)
+            return msg is not None
+
+        self.until(matched, what)
+        return found[0], status

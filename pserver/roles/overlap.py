@@ -62,7 +62,6 @@ class OverlapLearner(Learner):
             self.source = dict.fromkeys(self.source, lay.bcast_parent[ctx.rank])
         self.kids = {r for r, p in lay.bcast_parent.items() if p == ctx.rank}
         self.kids_live = set(self.kids)
-        self.kid_req: MPI.Request | None = None
         self.kid_hbuf = header_buffer()
         self.kid_waiting: list[Header] = []
         self.serving: list[MPI.Request] = []  # weight sends to children, reading ``w``
@@ -85,11 +84,13 @@ class OverlapLearner(Learner):
         if self.serving and MPI.Request.Testall(self.serving):
             self.serving = []
         while self.kids_live:
-            if self.kid_req is None:
-                self.kid_req = self.ch.ctrl.Irecv(self.kid_hbuf, MPI.ANY_SOURCE, MPI.ANY_TAG)
-            if not self.kid_req.Test():
+            # a matched probe, not a posted ANY_SOURCE Irecv, which MPICH's UCX netmod loses
+            # across hosts (docs/architecture.md, "Wildcard receives"); a header is eager-sized,
+            # so once matched its receive completes at once
+            msg = self.ch.ctrl.Improbe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+            if msg is None:
                 break
-            self.kid_req = None
+            msg.Recv(self.kid_hbuf)
             self.on_kid(Header.unpack(self.kid_hbuf[0]))
             changed = True
         return changed

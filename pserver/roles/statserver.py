@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
 from pserver import __version__
 from pserver.context import Context
@@ -78,7 +79,8 @@ class StatsServer:
         self.ctx.log.info("writing %s", self.ctx.dump_path)
         with self.writer:
             while self.live:
-                status = self.waiter.probe(
+                # a matched probe (Waiter.probe): each handler receives the message it is given
+                msg, status = self.waiter.probe(
                     self.comm, lambda: f"reports from ranks {sorted(self.live)}"
                 )
                 tag = status.Get_tag()
@@ -87,7 +89,7 @@ class StatsServer:
                     raise WireError(
                         f"stats server got unknown tag {tag} from {status.Get_source()}"
                     )
-                handler(status.Get_source())
+                handler(msg, status.Get_source())
                 self.writer.maybe_flush()
             self.writer.set_attrs(
                 "/",
@@ -96,8 +98,8 @@ class StatsServer:
             )
         self.ctx.log.info("dump written to %s", self.ctx.dump_path)
 
-    def on_records(self, source: int) -> None:
-        rows = self.comm.recv(source=source, tag=Tag.RECORDS)
+    def on_records(self, msg: MPI.Message, source: int) -> None:
+        rows = msg.recv()
         self.ctx.peers.note(source, "RECORDS")
         clocks = rows.pop("__clocks__", None)
         for group, cols in rows.items():
@@ -110,8 +112,8 @@ class StatsServer:
             self.sigma_n += len(sigma)
             self.sigma_max = max(self.sigma_max, max(sigma))
 
-    def on_model(self, source: int) -> None:
-        self.comm.Recv(self.hbuf[0], source, Tag.MODEL)
+    def on_model(self, msg: MPI.Message, source: int) -> None:
+        msg.Recv(self.hbuf[0])
         h = Header.unpack(self.hbuf[0])
         self.ctx.peers.note(source, h)
         epoch, b = h.aux, self.ctx.blocks[h.block]
@@ -166,8 +168,7 @@ class StatsServer:
                 time.perf_counter() - t,
             )
 
-    def on_bye(self, source: int) -> None:
-        status_tag = Tag.SERVER_BYE if source in self.ctx.layout.servers else Tag.BYE
-        self.comm.Recv(self.hbuf[0], source, status_tag)
+    def on_bye(self, msg: MPI.Message, source: int) -> None:
+        msg.Recv(self.hbuf[0])
         self.ctx.peers.note(source, Header.unpack(self.hbuf[0]))
         self.live.discard(source)
