@@ -4,6 +4,7 @@ hard timeout that kills the job's whole process group, the watch that stops a jo
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -147,21 +148,33 @@ def test_the_launch_module_imports_no_mpi():
     assert res.check().stdout.strip() == "False"
 
 
+def env_flags(name: str, value: str) -> list[str]:
+    """The launcher's flags that set ``name=value`` in every rank (Hydra or Open MPI)."""
+    res = launch.run([launch.mpiexec_program(), "--version"], timeout=60)
+    if "HYDRA" in res.output:
+        return ["-genv", name, value]
+    if "Open MPI" in res.output or "OpenRTE" in res.output:
+        return ["-x", f"{name}={value}"]
+    pytest.skip(f"unknown launcher {launch.mpiexec_program()}: {res.output[:200]}")
+
+
 @pytest.mark.mpi
 def test_the_flags_of_the_environment_reach_mpiexec(monkeypatch):
-    """Hydra's ``-genv NAME VALUE`` from ``$PSERVER_MPIEXEC_FLAGS`` is seen by the rank; a flag
-    mpiexec does not know makes the job fail (so the flags are not silently dropped)."""
+    """A flag from ``$PSERVER_MPIEXEC_FLAGS`` that sets a variable in the ranks is seen by
+    them; a flag mpiexec does not know makes the job fail (the flags are not dropped)."""
     show = [sys.executable, "-c", "import os; print(os.environ.get('PSERVER_LAUNCH_TEST'))"]
-    monkeypatch.setenv(launch.FLAGS_VAR, "-genv PSERVER_LAUNCH_TEST 'from the flags'")
+    before = os.environ.get(launch.FLAGS_VAR, "")  # e.g. --oversubscribe for Open MPI
+    flags = shlex.join(env_flags("PSERVER_LAUNCH_TEST", "from the flags"))
+    monkeypatch.setenv(launch.FLAGS_VAR, f"{before} {flags}")
     res = launch.run(launch.mpi_command(1, show), timeout=60).check()
     assert res.stdout.strip() == "from the flags"
-    monkeypatch.setenv(launch.FLAGS_VAR, "--no-such-launcher-flag")
+    monkeypatch.setenv(launch.FLAGS_VAR, f"{before} --no-such-launcher-flag")
     assert launch.run(launch.mpi_command(1, show), timeout=60).returncode != 0
 
 
 @pytest.mark.mpi
-def test_run_job_adds_the_flags_and_environment_it_is_given(tmp_path):
-    res = run_job(1, [str(tmp_path / "missing.toml")], timeout=60, env={"PYTHONWARNINGS": "error"},
-                  flags=["-genv", "PSERVER_LAUNCH_TEST", "1"])  # fmt: skip
+def test_run_job_adds_the_flags_it_is_given(tmp_path):
+    flags = env_flags("PSERVER_LAUNCH_TEST", "1")
+    res = run_job(1, [str(tmp_path / "missing.toml")], timeout=60, flags=flags)
     assert res.returncode == 2 and "pserver-run: error:" in res.output, res.output
-    assert res.cmd[1:4] == ["-genv", "PSERVER_LAUNCH_TEST", "1"]
+    assert res.cmd[-len(flags) - 6 : -6] == flags  # after $PSERVER_MPIEXEC_FLAGS, before -n
