@@ -11,16 +11,26 @@ medians and tables.
   line.
 * :func:`median`, :func:`table`, :func:`idle_summary` for the printed figures.
 
-A new benchmark::
+A new benchmark (``scripts/`` is on ``sys.path`` when a script there runs)::
 
-    from benchlib import Launcher, bench_parser, parse
+    from benchlib import ROOT, RESULT, Launcher, bench_parser, median, parse, pserver_run, table
 
-    p = bench_parser(__doc__, repeats=3, timeout=120.0)
-    p.add_argument("--size", ...)
+    p = bench_parser(__doc__, repeats=3, timeout=120.0)  # + the script's own options
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parse(p, argv)
+    if args.worker:                         # under mpiexec: rank 0 prints RESULT + json.dumps(...)
+        ...
     launcher = Launcher.from_args(__file__, args)
-    res = launcher.worker(4, ["--worker", ...])                  # this script under mpiexec
-    launcher.run(5, [*pserver_run(args), "examples/quickstart.toml", ...])  # a pserver job
+    res = launcher.worker(4, ["--worker"])  # this script on 4 ranks: its RESULT as a dict
+    job = launcher.run(5, [*pserver_run(args), str(ROOT / "examples/quickstart.toml"),
+                           f"run.out_dir={out}", *args.set])  # a pserver job; raises on failure
+    job.seconds, job.stdout                 # pserver.launch.Completed
+    print(table(["case", "GB/s"], [["a", f"{median(runs):.2f}"]], title="..."))
+
+``Launcher.run(..., check=False)`` returns a failed or killed job instead of raising (its
+``reason`` says why it was killed), ``log=PATH`` sends the output to a file, and ``watch=``
+(called every 2 s) may stop a job early by returning a reason, e.g. a job whose training ended
+but whose ranks do not exit.
 """
 
 from __future__ import annotations
