@@ -29,15 +29,14 @@ Example::
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
+from benchlib import bench_parser, median, parse, table  # (scripts/ is on sys.path)
 
 MIB = 2**20
 RULES = ("sgd", "momentum", "nesterov", "adagrad")
@@ -55,32 +54,22 @@ MODELS: tuple[tuple[str, str, list[int], int], ...] = (
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="bench_gpu.py",
-        description="Throughput of pserver's GPU paths against raw CuPy baselines (one device).",
+    p = bench_parser(
+        "Throughput of pserver's GPU paths against raw CuPy baselines (one device).",
+        repeats=20, pserver_run=False, overrides=False, json_out=False,
         epilog='without CuPy or a CUDA device: prints "no GPU: skipped" and exits 0',
-    )
-    p.add_argument(
-        "--sizes-mib",
-        type=float,
-        nargs="+",
-        default=[1, 16, 64],
-        help="block sizes for (a) and (b), MiB (default: 1 16 64)",
-    )
-    p.add_argument("--repeat", type=int, default=20, help="timed runs per point (median)")
+    )  # fmt: skip
+    p.prog = "bench_gpu.py"
+    p.add_argument("--sizes-mib", type=float, nargs="+", default=[1, 16, 64],
+                   help="block sizes for (a) and (b), MiB (default: 1 16 64)")  # fmt: skip
     p.add_argument("--warmup", type=int, default=3, help="untimed runs before timing")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--device", type=int, default=0, help="CUDA device id (default 0)")
-    p.add_argument(
-        "--skip",
-        nargs="*",
-        choices=("updates", "staging", "models"),
-        default=[],
-        help="parts to leave out",
-    )
-    args = p.parse_args(argv)
-    if args.repeat < 1 or args.warmup < 0 or any(s <= 0 for s in args.sizes_mib):
-        p.error("--repeat must be >= 1, --warmup >= 0 and every size > 0")
+    p.add_argument("--skip", nargs="*", choices=("updates", "staging", "models"), default=[],
+                   help="parts to leave out")  # fmt: skip
+    args = parse(p, argv)
+    if args.warmup < 0 or any(s <= 0 for s in args.sizes_mib):
+        p.error("--warmup must be >= 0 and every size > 0")
     return args
 
 
@@ -116,7 +105,7 @@ def gpu_median(cp: ModuleType, fn: Callable[[], Any], warmup: int, repeat: int) 
         end.record()
         end.synchronize()
         times.append(cp.cuda.get_elapsed_time(start, end) / 1e3)  # ms -> s
-    return statistics.median(times)
+    return median(times)
 
 
 def cpu_median(fn: Callable[[], Any], warmup: int, repeat: int) -> float:
@@ -128,22 +117,12 @@ def cpu_median(fn: Callable[[], Any], warmup: int, repeat: int) -> float:
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return median(times)
 
 
 def print_table(title: str, header: Sequence[str], rows: list[Sequence[str]]) -> None:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    line = "  ".join("-" * w for w in widths)
-    print(f"\n{title}\n{line}")
-    for row in [header, None, *rows]:
-        if row is None:
-            print(line)
-            continue
-        cells = [
-            str(c).ljust(w) if i == 0 else str(c).rjust(w)
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        ]
-        print("  ".join(cells))
+    text = table(header, rows)
+    print(f"\n{title}\n{text.splitlines()[1]}\n{text}")  # a rule above the header too
 
 
 def gbps(nbytes: float, seconds: float) -> float:
@@ -178,7 +157,7 @@ def bench_updates(cp: ModuleType, args: argparse.Namespace) -> None:
 def time_copy(cp: ModuleType, args: argparse.Namespace, n: int) -> float:
     """Median seconds of a device-to-device copy of ``n`` elements (the bandwidth baseline)."""
     src, dst = cp.ones(n, dtype=args.dtype), cp.empty(n, dtype=args.dtype)
-    return gpu_median(cp, lambda: cp.copyto(dst, src), args.warmup, args.repeat)
+    return gpu_median(cp, lambda: cp.copyto(dst, src), args.warmup, args.repeats)
 
 
 def time_update(cp: ModuleType, args: argparse.Namespace, rule: str, n: int) -> float:
@@ -189,7 +168,7 @@ def time_update(cp: ModuleType, args: argparse.Namespace, rule: str, n: int) -> 
     cfg = OptimConfig(rule=rule, momentum=0.9, weight_decay=1e-4)
     updater = make_updater(cfg, n, cp, args.dtype)
     w, g = cp.zeros(n, dtype=args.dtype), cp.full(n, 1e-3, dtype=args.dtype)
-    return gpu_median(cp, lambda: updater.step(w, g, LR), args.warmup, args.repeat)
+    return gpu_median(cp, lambda: updater.step(w, g, LR), args.warmup, args.repeats)
 
 
 # -- (b) host staging -------------------------------------------------------------------------
@@ -255,7 +234,7 @@ def staging_rows(
     paths: dict[str, Callable],
 ) -> list[tuple[str, ...]]:
     """One table row per path, each rated against the StagingBuffers path."""
-    times = {name: gpu_median(cp, fn, args.warmup, args.repeat) for name, fn in paths.items()}
+    times = {name: gpu_median(cp, fn, args.warmup, args.repeats) for name, fn in paths.items()}
     ours = gbps(nbytes, times["StagingBuffers"])
     rows = []
     for name, t in times.items():
@@ -311,8 +290,8 @@ def time_model(
     y = rng.integers(0, n_classes, size=batch)
     g = np.empty_like(w)
     w_d, X_d, y_d, g_d = cp.asarray(w), cp.asarray(X), cp.asarray(y), cp.empty_like(w)
-    t_np = cpu_median(lambda: host.loss_grad(w, X, y, g), args.warmup, args.repeat)
-    t_cp = gpu_median(cp, lambda: dev.loss_grad(w_d, X_d, y_d, g_d), args.warmup, args.repeat)
+    t_np = cpu_median(lambda: host.loss_grad(w, X, y, g), args.warmup, args.repeats)
+    t_cp = gpu_median(cp, lambda: dev.loss_grad(w_d, X_d, y_d, g_d), args.warmup, args.repeats)
     return host.n_params, t_np, t_cp
 
 
@@ -330,20 +309,12 @@ def describe(cp: ModuleType, device: int) -> str:
     )
 
 
-def ensure_project_importable() -> None:
-    """Let ``python scripts/bench_gpu.py`` import pserver from a checkout that is not installed."""
-    root = str(Path(__file__).resolve().parents[1])
-    if root not in sys.path:
-        sys.path.insert(0, root)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     cp, why = find_gpu(args.device)
     if cp is None:
         print(f"no GPU: skipped ({why})")
         return 0
-    ensure_project_importable()
     print(describe(cp, args.device))
     parts = {"updates": bench_updates, "staging": bench_staging, "models": bench_models}
     for name, bench in parts.items():

@@ -52,28 +52,31 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
-import shutil
-import signal
-import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchlib import add_pserver_run_arg, wait_for_quiet  # noqa: E402  (scripts/ is on sys.path when run)
+from benchlib import (  # (scripts/ is on sys.path)
+    RESULT,
+    Launcher,
+    bench_parser,
+    median,
+    parse,
+    pserver_run,
+    result_of,
+    write_json,
+)
+from benchlib import ROOT as REPO
 
-REPO = Path(__file__).resolve().parent.parent
-RESULT = "RESULT "  # prefix of the line the --gil-worker's rank 1 prints for the driver
+from pserver.launch import JobKilled
+
 DIGITS_TRAIN = 1347  # digits training samples (1,797 images, data.test_fraction = 0.25)
 MIB = 2**20
 GB = 1e9
 BASE_RSS_MIB = 200  # a pserver rank's footprint before its model buffers (measured ~160 MiB)
 MATMUL_N = 256  # matrix order of the --gil compute: a few ms per product on one core
-POLL_S = 2.0  # seconds between two looks of the watchdog at a running job
 
 
 @dataclass(frozen=True)
@@ -336,8 +339,7 @@ def gil_worker(size_mib: float, messages: int, solo_seconds: float) -> None:
 # -- driver ---------------------------------------------------------------------------------------
 
 
-class JobStuck(RuntimeError):
-    """A job killed by the watchdog or the timeout."""
+JobStuck = JobKilled  # a job killed by the watchdog (EndWatch) or the timeout
 
 
 class EndWatch:
@@ -374,72 +376,19 @@ class EndWatch:
 
 
 class Runner:
-    """Launches jobs under mpiexec with a timeout; the whole process group dies on a timeout."""
+    """Launches this benchmark's jobs (:class:`benchlib.Launcher`: a hard timeout, and an
+    :class:`EndWatch` on training jobs; either kills the job's whole process group)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        bindir = Path(sys.executable).parent
-        self.mpiexec = args.mpiexec or shutil.which("mpiexec", path=str(bindir)) or "mpiexec"
-        self.pserver_run = shlex.split(args.pserver_run)
-        self.env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-        self.env["MKL_NUM_THREADS"] = "1"
-        self.env["PATH"] = f"{bindir}{os.pathsep}{self.env.get('PATH', '')}"
-        self.idle_seen: list[float] = []
-
-    def wait_quiet(self) -> None:
-        """Wait (up to --quiet-wait s) for the machine to be --quiet-idle idle; note what it was."""
-        self.idle_seen.append(wait_for_quiet(self.args.quiet_idle, self.args.quiet_wait))
-
-    def launch(
-        self, cmd: list[str], log: Path, stuck: Callable[[], str | None] | None = None
-    ) -> tuple[int, str, float]:
-        """Run ``cmd`` with its output in ``log``; returns (exit status, output, seconds).
-
-        Every ``POLL_S`` seconds ``stuck()`` may name a reason to give up early (a job whose
-        training ended but whose ranks do not exit); ``--timeout`` bounds the rest. Either way
-        the job's whole process group (our own mpiexec's session) is killed.
-        """
-        self.wait_quiet()
-        if self.args.verbose:
-            print("  $", " ".join(cmd), file=sys.stderr, flush=True)
-        t0 = time.perf_counter()
-        with log.open("w") as sink:
-            proc = subprocess.Popen(
-                cmd,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=self.env,
-                cwd=REPO,
-                start_new_session=True,
-            )
-            reason = None
-            while True:
-                try:
-                    proc.wait(timeout=POLL_S)
-                    break
-                except subprocess.TimeoutExpired:
-                    if time.perf_counter() - t0 > self.args.timeout:
-                        reason = f"timed out after {self.args.timeout:.0f} s"
-                    elif stuck is not None:
-                        reason = stuck()
-                    if reason is not None:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                        proc.wait()
-                        break
-        output = log.read_text(errors="replace")
-        if reason is not None:
-            raise JobStuck(f"{reason}: {' '.join(cmd)}")
-        return proc.returncode, output, time.perf_counter() - t0
+        self.launcher = Launcher.from_args(__file__, args, cwd=REPO)
+        self.idle_seen = self.launcher.idle_seen
 
     def pserver(self, n: int, out_dir: Path, overrides: list[str]) -> float:
         """One training job; returns the launcher's elapsed seconds (start-up included)."""
         out_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
-            self.mpiexec,
-            "-n",
-            str(n),
-            *self.pserver_run,
+            *pserver_run(self.args),
             str(REPO / "examples/quickstart.toml"),
             f"run.out_dir={out_dir}",
             "run.overwrite=true",
@@ -447,34 +396,18 @@ class Runner:
             *overrides,
         ]
         watch = EndWatch(out_dir / "stats.h5", self.args.epochs, self.args.grace)
-        rc, out, elapsed = self.launch(cmd, out_dir / "run.log", watch)
-        if rc != 0:
-            raise RuntimeError(f"exit {rc}: {' '.join(cmd)}\n{out[-3000:]}")
-        return elapsed
+        return self.launcher.run(n, cmd, log=out_dir / "run.log", watch=watch).seconds
 
     def gil(self) -> dict[str, Any]:
         a = self.args
         cmd = [
-            self.mpiexec,
-            "-n",
-            "3",
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--gil-worker",
-            "--gil-size-mib",
-            str(a.gil_size_mib),
-            "--gil-messages",
-            str(a.gil_messages),
-            "--switch-interval",
-            str(a.switch_interval),
-        ]
-        log = Path(self.args.out_dir) / "gil.log"
+            sys.executable, str(Path(__file__).resolve()), "--gil-worker",
+            "--gil-size-mib", str(a.gil_size_mib), "--gil-messages", str(a.gil_messages),
+            "--switch-interval", str(a.switch_interval),
+        ]  # fmt: skip
+        log = Path(a.out_dir) / "gil.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        rc, out, _ = self.launch(cmd, log)
-        lines = [ln for ln in out.splitlines() if ln.startswith(RESULT)]
-        if rc != 0 or not lines:
-            raise RuntimeError(f"exit {rc}: {' '.join(cmd)}\n{out[-3000:]}")
-        return json.loads(lines[-1][len(RESULT) :])
+        return result_of(self.launcher.run(3, cmd, log=log).stdout, "the GIL check")
 
 
 def measure(dump_dir: Path, warmup: int) -> dict[str, Any]:
@@ -572,10 +505,6 @@ def overrides(args: argparse.Namespace, protocol: str, arch: Arch, compute: floa
         "stats.test_every=1000000",  # no model test in the middle (the last epoch still tests)
         *args.set,
     ]
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
 
 
 def calibrate(runner: Runner, args: argparse.Namespace, protocol: str) -> dict[str, Any]:
@@ -819,121 +748,55 @@ def run_gil(runner: Runner, args: argparse.Namespace) -> dict[str, Any]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from pserver.config import CommConfig
 
-    p = argparse.ArgumentParser(
-        description="Rudra Table I (§III-C): communication overlap of Rudra-base / -adv / -adv* "
-        "and the root's ingress, flat vs tree, in the adversarial scenario (small minibatch, "
-        "large model, many learners, fixed emulated compute).",
+    p = bench_parser(
+        "Rudra Table I (§III-C): communication overlap of Rudra-base / -adv / -adv* and the "
+        "root's ingress, flat vs tree, in the adversarial scenario (small minibatch, large "
+        "model, many learners, fixed emulated compute).",
+        repeats=3, timeout=600.0, quiet_idle=0.0,
         epilog="example: .venv/bin/python scripts/bench_overlap.py --repeats 3 --gil "
         "--json /tmp/overlap.json",
-    )
-    p.add_argument("--learners", type=int, default=12, help="learners λ (default 12)")
-    p.add_argument("--fanout", type=int, default=4, help="tree fan-out k (default 4)")
-    p.add_argument("--size-mib", type=float, default=64.0, help="model size (default 64 MiB)")
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=0,
-        help="minibatch μ (default 0: smallest μ >= 1 giving about --iterations "
-        "minibatches per learner)",
-    )
-    p.add_argument(
-        "--iterations",
-        type=int,
-        default=40,
-        help="minibatches per learner wanted when --batch-size is 0 (default 40)",
-    )
-    p.add_argument("--epochs", type=int, default=1, help="epochs of the digits set (default 1)")
-    p.add_argument(
-        "--protocols",
-        default="softsync",
-        help="comma list of hardsync, softsync (1-softsync, Rudra Table IV), async "
-        "(default softsync)",
-    )
-    p.add_argument(
-        "--configs",
-        default="base,adv,adv*-nb,adv*",
-        help=f"comma list of {', '.join(ARCHS)} (default all)",
-    )
-    p.add_argument(
-        "--compute-time",
-        default="auto",
-        help="inject.compute_time in s (comma list for a sweep), or 'auto' (default): "
-        "calibrate on base with no compute and use --compute-factor",
-    )
-    p.add_argument(
-        "--compute-factor",
-        default="1",
-        help="auto: compute = each of these (comma list) x base's blocked seconds "
-        "per minibatch with no compute (default 1)",
-    )
-    p.add_argument(
-        "--calibrate-repeats",
-        type=int,
-        default=2,
-        help="calibration runs, median taken (default 2)",
-    )
-    p.add_argument(
-        "--warmup",
-        type=int,
-        default=5,
-        help="minibatches per learner left out of the steady-state overlap (default 5)",
-    )
-    p.add_argument("--repeats", type=int, default=3, help="runs per config (default 3)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per job (default 600)")
-    p.add_argument(
-        "--grace",
-        type=float,
-        default=45.0,
-        help="kill a job still running this many s after its final test (default 45)",
-    )
-    p.add_argument("--out-dir", default="/tmp/bench_overlap", help="dumps and logs go here")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra pserver-run override for every run (repeatable)",
-    )
-    p.add_argument("--mpiexec", default="", help="mpiexec to use (default: next to python)")
-    add_pserver_run_arg(p)
-    p.add_argument(
-        "--quiet-idle",
-        type=float,
-        default=0.0,
-        help="wait before each run until the CPUs are this idle (0-1, default 0: no)",
-    )
-    p.add_argument(
-        "--quiet-wait",
-        type=float,
-        default=60.0,
-        help="at most this many s of waiting for --quiet-idle (default 60)",
-    )
-    p.add_argument("--gil", action="store_true", help="also run the GIL bandwidth check")
-    p.add_argument("--gil-only", action="store_true", help="only run the GIL bandwidth check")
-    p.add_argument(
-        "--gil-size-mib",
-        type=float,
-        default=64.0,
-        help="message size of the GIL check (default 64 MiB, one model block)",
-    )
-    p.add_argument(
-        "--gil-messages",
-        type=int,
-        default=80,
-        help="messages per case of the GIL check (default 80)",
-    )
-    p.add_argument("--gil-repeats", type=int, default=7, help="runs of the GIL check (default 7)")
-    p.add_argument(
-        "--switch-interval",
-        type=float,
-        default=CommConfig().switch_interval,
+    )  # fmt: skip
+    add = p.add_argument
+    add("--learners", type=int, default=12, help="learners λ (default 12)")
+    add("--fanout", type=int, default=4, help="tree fan-out k (default 4)")
+    add("--size-mib", type=float, default=64.0, help="model size (default 64 MiB)")
+    add("--batch-size", type=int, default=0, help="minibatch μ (default 0: smallest μ >= 1 "
+        "giving about --iterations minibatches per learner)")  # fmt: skip
+    add("--iterations", type=int, default=40,
+        help="minibatches per learner wanted when --batch-size is 0 (default 40)")  # fmt: skip
+    add("--epochs", type=int, default=1, help="epochs of the digits set (default 1)")
+    add("--protocols", default="softsync", help="comma list of hardsync, softsync (1-softsync, "
+        "Rudra Table IV), async (default softsync)")  # fmt: skip
+    add("--configs", default="base,adv,adv*-nb,adv*",
+        help=f"comma list of {', '.join(ARCHS)} (default all)")  # fmt: skip
+    add("--compute-time", default="auto", help="inject.compute_time in s (comma list for a "
+        "sweep), or 'auto' (default): calibrate on base with no compute and use "
+        "--compute-factor")  # fmt: skip
+    add("--compute-factor", default="1", help="auto: compute = each of these (comma list) x "
+        "base's blocked seconds per minibatch with no compute (default 1)")  # fmt: skip
+    add("--calibrate-repeats", type=int, default=2,
+        help="calibration runs, median taken (default 2)")  # fmt: skip
+    add("--warmup", type=int, default=5, help="minibatches per learner left out of the "
+        "steady-state overlap (default 5)")  # fmt: skip
+    add("--grace", type=float, default=45.0,
+        help="kill a job still running this many s after its final test (default 45)")  # fmt: skip
+    add("--out-dir", default="/tmp/bench_overlap", help="dumps and logs go here")
+    add("--gil", action="store_true", help="also run the GIL bandwidth check")
+    add("--gil-only", action="store_true", help="only run the GIL bandwidth check")
+    add("--gil-size-mib", type=float, default=64.0,
+        help="message size of the GIL check (default 64 MiB, one model block)")  # fmt: skip
+    add("--gil-messages", type=int, default=80,
+        help="messages per case of the GIL check (default 80)")  # fmt: skip
+    add("--gil-repeats", type=int, default=7, help="runs of the GIL check (default 7)")
+    add("--switch-interval", type=float, default=CommConfig().switch_interval,
         help="sys.setswitchinterval of the GIL check's ranks, s (default: pserver's "
-        "comm.switch_interval; 0 keeps Python's 5 ms)",
-    )
-    p.add_argument("--gil-worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--json", default="", metavar="PATH", help="also write every figure as JSON")
-    p.add_argument("-v", "--verbose", action="store_true", help="print each command")
-    args = p.parse_args(argv)
+        "comm.switch_interval; 0 keeps Python's 5 ms)")  # fmt: skip
+    add("--gil-worker", action="store_true", help=argparse.SUPPRESS)
+    return check_args(p, parse(p, argv))
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """The comma lists split and checked, the automatic minibatch size chosen."""
     args.protocols = [s for s in args.protocols.split(",") if s]
     args.configs = [s for s in args.configs.split(",") if s]
     for proto in args.protocols:
@@ -960,14 +823,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.gil_worker:
-        if args.switch_interval > 0:
-            sys.setswitchinterval(args.switch_interval)
-        gil_worker(args.gil_size_mib, args.gil_messages, solo_seconds=0.5)
-        return 0
-    runner = Runner(args)
+def memory_check(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The memory the largest job needs against what is free (printed); None if it won't fit."""
     need = memory_need_mib(args.learners, args.fanout, args.size_mib)
     avail = mem_available_mib()
     fit = max_learners_in_memory(args.fanout, args.size_mib, 0.8 * avail) if avail else None
@@ -980,26 +837,35 @@ def main(argv: list[str] | None = None) -> int:
     )
     if avail and need > 0.8 * avail:
         print("error: that job would not fit in memory; lower --learners", file=sys.stderr)
+        return None
+    return {"need_mib": need, "available_mib": avail, "learners_that_fit": fit}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.gil_worker:
+        if args.switch_interval > 0:
+            sys.setswitchinterval(args.switch_interval)
+        gil_worker(args.gil_size_mib, args.gil_messages, solo_seconds=0.5)
+        return 0
+    memory = memory_check(args)
+    if memory is None:
         return 2
-    result: dict[str, Any] = {
-        "settings": {k: v for k, v in vars(args).items() if k != "gil_worker"},
-        "memory": {"need_mib": need, "available_mib": avail, "learners_that_fit": fit},
-        "protocols": {},
-    }
+    runner = Runner(args)
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    result: dict[str, Any] = {"settings": settings, "memory": memory, "protocols": {}}
+    del settings["gil_worker"]
     texts = []
-    if not args.gil_only:
-        for proto in args.protocols:
-            res = run_protocol(runner, args, proto)
-            result["protocols"][proto] = res
-            texts.extend(fmt_table(proto, point, args) for point in res["points"])
+    for proto in [] if args.gil_only else args.protocols:
+        res = result["protocols"][proto] = run_protocol(runner, args, proto)
+        texts.extend(fmt_table(proto, point, args) for point in res["points"])
     if args.gil or args.gil_only:
         result["gil"] = run_gil(runner, args)
         if result["gil"]["runs"]:
             texts.append(fmt_gil(result["gil"]))
     result["cpu_idle_before_runs"] = runner.idle_seen
     print("\n\n".join(texts))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2, default=float) + "\n")
+    write_json(args.json, result)
     return 0
 
 

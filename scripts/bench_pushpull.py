@@ -32,8 +32,6 @@ import argparse
 import json
 import math
 import os
-import shlex
-import statistics
 import sys
 import tempfile
 import time
@@ -41,12 +39,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchlib import (  # noqa: E402  (scripts/ on sys.path)
+from benchlib import (  # (scripts/ is on sys.path)
     RESULT,
     Launcher,
-    add_launch_args,
-    add_pserver_run_arg,
+    bench_parser,
     gpu_missing,
+    idle_summary,
+    median,
+    parse,
+    pserver_run,
+    table,
+    write_json,
 )
 
 MIB = 2**20
@@ -102,7 +105,7 @@ def raw_worker(sizes_mib: list[float], seconds: float) -> None:
                     times.append(MPI.Wtime() - t0)
             if kind == "pickled" and n > 100:
                 n = n // 4  # the pickled path is ~10x slower: keep its share of the run small
-            out[kind][size_key(mib)] = buf.nbytes / statistics.median(times) / 1e9
+            out[kind][size_key(mib)] = buf.nbytes / median(times) / 1e9
     if rank == 0:
         print(RESULT + json.dumps(out), flush=True)
 
@@ -159,7 +162,7 @@ def raw_gpu_worker(sizes_mib: list[float], seconds: float) -> None:
                     comm.Send(ack, 0, 1)
                 if i >= 3:
                     times.append(MPI.Wtime() - t0)
-            out[kind][size_key(mib)] = nbytes / statistics.median(times) / 1e9
+            out[kind][size_key(mib)] = nbytes / median(times) / 1e9
     if rank == 0:
         print(RESULT + json.dumps(out), flush=True)
 
@@ -309,7 +312,9 @@ test_every = 1000000
 class PserverBench:
     """Writes a config for each case, runs pserver-run, and rates the dump."""
 
-    def __init__(self, launcher: Launcher, pserver_run: str, train_size: int, tmp: Path) -> None:
+    def __init__(
+        self, launcher: Launcher, pserver_run: list[str], train_size: int, tmp: Path
+    ) -> None:
         self.launcher, self.pserver_run = launcher, pserver_run
         self.train_size, self.tmp = train_size, tmp
 
@@ -326,7 +331,7 @@ class PserverBench:
                 out=out, epochs=epochs, lr=LR, size=size, batch=batch, blocks=blocks
             )
         )
-        return [*shlex.split(self.pserver_run), str(path), *extra]
+        return [*self.pserver_run, str(path), *extra]
 
     def run(self, size: float, learners: int, blocks: int, steps: int, extra: list[str]) -> tuple:
         """(payload GB/s at the server, updates/s) of one pserver run."""
@@ -366,9 +371,7 @@ def pserver_overrides(row: Row, device: str) -> list[str]:
 
 def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
     """Every configuration ``args.repeats`` times, interleaved; medians per configuration."""
-    launcher = Launcher(
-        __file__, args.mpiexec, args.timeout, args.verbose, args.quiet_idle, args.quiet_wait
-    )
+    launcher = Launcher.from_args(__file__, args)
     gpu = args.device == "gpu"
     rows = [
         Row(s, n, b, steps_for(s, args.traffic_gib, args.min_steps, args.max_steps), t)
@@ -383,7 +386,7 @@ def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
     naive_done: dict[tuple[float, int], list[float]] = {}
     buffer_done: dict[tuple[float, int], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench_pushpull_") as tmp:
-        bench = PserverBench(launcher, args.pserver_run, digits_train_size(), Path(tmp))
+        bench = PserverBench(launcher, pserver_run(args), digits_train_size(), Path(tmp))
         for rep in range(args.repeats):
             log(f"repeat {rep + 1}/{args.repeats}: raw Send/Recv at {msg_sizes} MiB")
             raw_mode = "--raw-gpu" if gpu else "--raw"
@@ -416,20 +419,20 @@ def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
                 ps_runs.setdefault(i, []).append(run)
     for i, r in enumerate(rows):
         k = raw_key(r)
-        r.raw_gbs = statistics.median(x[k][size_key(r.size_mib)] for x in raw_runs)
-        r.raw_block_gbs = statistics.median(x[k][size_key(r.size_mib / r.blocks)] for x in raw_runs)
+        r.raw_gbs = median(x[k][size_key(r.size_mib)] for x in raw_runs)
+        r.raw_block_gbs = median(x[k][size_key(r.size_mib / r.blocks)] for x in raw_runs)
         if not gpu:
-            r.pickled_gbs = statistics.median(x["pickled"][size_key(r.size_mib)] for x in raw_runs)
+            r.pickled_gbs = median(x["pickled"][size_key(r.size_mib)] for x in raw_runs)
         r.naive_runs = naive_done.get((r.size_mib, r.learners), [])
-        r.naive_gbs = statistics.median(r.naive_runs) if r.naive_runs else math.nan
+        r.naive_gbs = median(r.naive_runs) if r.naive_runs else math.nan
         r.buffer_runs = buffer_done.get((r.size_mib, r.learners), [])
-        r.buffer_gbs = statistics.median(r.buffer_runs) if r.buffer_runs else math.nan
+        r.buffer_gbs = median(r.buffer_runs) if r.buffer_runs else math.nan
         r.pserver_runs = [g for g, _ in ps_runs[i]]
-        r.pserver_gbs = statistics.median(r.pserver_runs)
-        r.pserver_updates_per_s = statistics.median(u for _, u in ps_runs[i])
+        r.pserver_gbs = median(r.pserver_runs)
+        r.pserver_updates_per_s = median(u for _, u in ps_runs[i])
     extra: dict[str, Any] = {"raw_runs": raw_runs, "idle_before_launches": launcher.idle_seen}
     if gpu:
-        link = {k: statistics.median(x["host"][k] for x in raw_runs) for k in raw_runs[0]["host"]}
+        link = {k: median(x["host"][k] for x in raw_runs) for k in raw_runs[0]["host"]}
         extra["host_link_gbs"] = link
     return rows, extra
 
@@ -460,116 +463,102 @@ staged = D2H copy, Send -> Recv, H2D copy; cuda-aware = Send/Recv of device buff
 and buffer parameter servers are CPU baselines and are not run."""
 
 
-def table(rows: list[Row], repeats: int, gpu: bool = False) -> str:
-    head = (
-        f"{'MiB':>5} {'learn':>5} {'blocks':>6} {'via':>8} {'raw':>6} {'raw@blk':>7} {'pickle':>7} "
-        f"{'buffer':>7} {'pserver':>7} {'upd/s':>7} {'ps/raw':>6} {'ps/buf':>6} {'ps/pickle':>9}"
-    )
-    lines = [f"medians of {repeats} run(s); GB/s unless noted", head, "-" * len(head)]
-    for r in rows:
-        lines.append(
-            f"{r.size_mib:>5g} {r.learners:>5d} {r.blocks:>6d} {r.transport:>8} {r.raw_gbs:>6.2f} "
-            f"{r.raw_block_gbs:>7.2f} {r.naive_gbs:>7.2f} {r.buffer_gbs:>7.2f} "
-            f"{r.pserver_gbs:>7.2f} {r.pserver_updates_per_s:>7.0f} {r.vs_raw:>6.2f} "
-            f"{r.vs_buffer:>6.2f} {r.vs_naive:>9.2f}"
-        )
-    return "\n".join([*lines, "", NOTE_GPU if gpu else NOTE])
+HEADER = ("MiB", "learn", "blocks", "via", "raw", "raw@blk", "pickle", "buffer", "pserver",
+          "upd/s", "ps/raw", "ps/buf", "ps/pickle")  # fmt: skip
+
+
+def cells(r: Row) -> list[str]:
+    return [
+        f"{r.size_mib:g}", f"{r.learners:d}", f"{r.blocks:d}", r.transport, f"{r.raw_gbs:.2f}",
+        f"{r.raw_block_gbs:.2f}", f"{r.naive_gbs:.2f}", f"{r.buffer_gbs:.2f}",
+        f"{r.pserver_gbs:.2f}", f"{r.pserver_updates_per_s:.0f}", f"{r.vs_raw:.2f}",
+        f"{r.vs_buffer:.2f}", f"{r.vs_naive:.2f}",
+    ]  # fmt: skip
+
+
+def rows_table(rows: list[Row], repeats: int, gpu: bool = False) -> str:
+    title = f"medians of {repeats} run(s); GB/s unless noted"
+    note = NOTE_GPU if gpu else NOTE
+    return "\n".join([title, table(HEADER, [cells(r) for r in rows]), "", note])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
+    p = bench_parser(
+        __doc__, repeats=1, timeout=180.0,
         epilog="The default set (1/16/64 MiB x 1/2/4 learners, 1 block, 1 repeat) takes a few "
         "minutes on 2 cores. Workers: --raw SIZE... and --naive SIZE (run under mpiexec).",
-    )
+    )  # fmt: skip
     p.add_argument("--sizes", type=float, nargs="+", default=[1, 16, 64], help="model MiB")
     p.add_argument("--learners", type=int, nargs="+", default=[1, 2, 4], help="learner counts")
     p.add_argument("--blocks", type=int, nargs="+", default=[1], help="blocks.count values")
     p.add_argument(
-        "--transports",
-        nargs="+",
-        default=["messages", "shm"],
-        choices=["messages", "shm"],
+        "--transports", nargs="+", default=["messages", "shm"], choices=["messages", "shm"],
         help="comm.transport values of the pserver runs (default both)",
-    )
+    )  # fmt: skip
     p.add_argument(
-        "--device",
-        choices=["cpu", "gpu"],
-        default="cpu",
+        "--device", choices=["cpu", "gpu"], default="cpu",
         help="where the pserver runs keep their arrays (gpu: CuPy, run.device=gpu)",
-    )
+    )  # fmt: skip
     p.add_argument(
-        "--gpu-paths",
-        nargs="+",
-        default=["staged", "cuda-aware"],
+        "--gpu-paths", nargs="+", default=["staged", "cuda-aware"],
         choices=["staged", "cuda-aware"],
         help="with --device gpu: payload paths (cuda-aware only where MPI is; default both)",
-    )
-    p.add_argument("--repeats", type=int, default=1, help="runs per configuration (median)")
+    )  # fmt: skip
     p.add_argument(
         "--traffic-gib", type=float, default=6.0, help="server payload per run, sets the steps"
     )
     p.add_argument("--min-steps", type=int, default=60, help="fewest updates per run")
     p.add_argument("--max-steps", type=int, default=4000, help="most updates per run")
-    add_launch_args(p, timeout=180.0)
-    p.add_argument("--json", type=Path, help="also write the table (and every run) as JSON")
     p.add_argument("--no-naive", action="store_true", help="skip the pickling parameter server")
-    p.add_argument(
-        "--set",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra pserver-run overrides, e.g. comm.poll_max=1e-4",
-    )
-    add_pserver_run_arg(p)
-    p.add_argument("--raw", type=float, nargs="+", metavar="MIB", help=argparse.SUPPRESS)
-    p.add_argument("--raw-gpu", type=float, nargs="+", metavar="MIB", help=argparse.SUPPRESS)
+    for name in ("--raw", "--raw-gpu"):
+        p.add_argument(name, type=float, nargs="+", metavar="MIB", help=argparse.SUPPRESS)
     p.add_argument("--naive", type=float, metavar="MIB", help=argparse.SUPPRESS)
     p.add_argument("--buffers", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, default=100, help=argparse.SUPPRESS)
     p.add_argument("--raw-seconds", type=float, default=0.3, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if min(args.learners) < 1 or min(args.blocks) < 1 or args.repeats < 1:
-        p.error("--learners, --blocks and --repeats need values >= 1")
+    args = parse(p, argv)
+    if min(args.learners) < 1 or min(args.blocks) < 1:
+        p.error("--learners and --blocks need values >= 1")
     return args
+
+
+def run_worker(args: argparse.Namespace) -> bool:
+    """Run the MPI program the arguments name (under mpiexec); False when they name none."""
+    if args.raw:
+        raw_worker(args.raw, args.raw_seconds)
+    elif args.raw_gpu:
+        raw_gpu_worker(args.raw_gpu, args.raw_seconds)
+    elif args.naive:
+        naive_worker(args.naive, args.steps, args.buffers)
+    return bool(args.raw or args.raw_gpu or args.naive)
+
+
+def json_doc(rows: list[Row], extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "argv": sys.argv,
+        "cores": os.cpu_count(),
+        "rows": [dict(asdict(r), pserver_over_raw=r.vs_raw, pserver_over_pickle=r.vs_naive,
+                      pserver_over_buffer=r.vs_buffer) for r in rows],
+        **extra,
+    }  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.raw:
-        raw_worker(args.raw, args.raw_seconds)
+    if run_worker(args):
         return 0
-    if args.raw_gpu:
-        raw_gpu_worker(args.raw_gpu, args.raw_seconds)
+    why = gpu_missing() if args.device == "gpu" else ""
+    if why:
+        print(f"no GPU: skipped ({why})")
         return 0
-    if args.naive:
-        naive_worker(args.naive, args.steps, args.buffers)
-        return 0
-    if args.device == "gpu":
-        why = gpu_missing()
-        if why:
-            print(f"no GPU: skipped ({why})")
-            return 0
     t0 = time.monotonic()
     rows, extra = measure(args)
-    print(table(rows, args.repeats, args.device == "gpu"))
+    print(rows_table(rows, args.repeats, args.device == "gpu"))
     for size, gbs in extra.get("host_link_gbs", {}).items():
         print(f"host link (pinned Send/Recv, one-way) at {size} MiB: {gbs:.2f} GB/s")
-    idle = extra["idle_before_launches"]
-    seen = ""
-    if idle:
-        low, mid = min(idle), statistics.median(idle)
-        seen = f"; CPU idle before launches: min {low:.0%}, median {mid:.0%}"
-    print(f"({time.monotonic() - t0:.0f} s; {os.cpu_count()} cores{seen})")
-    if args.json:
-        doc = {
-            "argv": sys.argv,
-            "cores": os.cpu_count(),
-            "rows": [dict(asdict(r), pserver_over_raw=r.vs_raw, pserver_over_pickle=r.vs_naive,
-                          pserver_over_buffer=r.vs_buffer) for r in rows],
-            **extra,
-        }  # fmt: skip
-        args.json.write_text(json.dumps(doc, indent=2))
+    seen = idle_summary(extra["idle_before_launches"])
+    print(f"({time.monotonic() - t0:.0f} s; {os.cpu_count()} cores{'; ' + seen if seen else ''})")
+    write_json(args.json, json_doc(rows, extra))
     return 0
 
 

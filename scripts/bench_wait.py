@@ -40,20 +40,24 @@ import argparse
 import json
 import logging
 import os
-import shlex
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import (  # noqa: E402  (scripts/ on sys.path)
+from benchlib import (  # (scripts/ is on sys.path)
     RESULT,
+    ROOT,
     Launcher,
-    add_launch_args,
-    add_pserver_run_arg,
+    bench_parser,
+    idle_summary,
+    parse,
+    pserver_run,
+    table,
+    write_json,
 )
+from benchlib import median as med
 
 MODES = ("blocking", "nonblocking", "thread")
 
@@ -154,10 +158,6 @@ def contend_worker(seconds: float) -> None:
 # -- driver ---------------------------------------------------------------------------------------
 
 
-def med(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
 def waiter_label() -> str:
     from pserver.config import CommConfig
 
@@ -166,26 +166,26 @@ def waiter_label() -> str:
 
 
 def idle_table(runs: list[dict[str, Any]], seconds: float) -> str:
-    lines = [
+    title = (
         f"idle wait: rank 1 waits {seconds:g} s for an 8-byte message (2 ranks; medians of "
-        f"{len(runs)} run(s))",
-        f"{'wait':<24} {'CPU s':>7} {'% core':>7} {'woke late ms':>13}",
-    ]
+        f"{len(runs)} run(s))"
+    )
+    rows = []
     for kind, label in (("waiter", waiter_label()), ("recv", "blocking Recv")):
         cpu = med([r[kind]["cpu_s"] for r in runs])
         share = med([r[kind]["cpu_s"] / r[kind]["wall_s"] for r in runs])
         late = med([r[kind]["late_ms"] for r in runs])
-        lines.append(f"{label:<24} {cpu:>7.3f} {share * 100:>6.1f}% {late:>13.3f}")
-    return "\n".join(lines)
+        rows.append([label, f"{cpu:.3f}", f"{share * 100:.1f}%", f"{late:.3f}"])
+    return table(["wait", "CPU s", "% core", "woke late ms"], rows, title)
 
 
 def contend_table(runs: list[dict[str, Any]], ranks: int, seconds: float) -> str:
     cores = os.cpu_count() or 1
-    lines = [
+    title = (
         f"contention: rank 0 computes {seconds:g} s while {ranks - 1} ranks wait ({ranks} ranks, "
-        f"{cores} cores; medians of {len(runs)} run(s))",
-        f"{'the others':<24} {'matmul/s':>9} {'vs solo':>8} {'% core per waiter':>18}",
-    ]
+        f"{cores} cores; medians of {len(runs)} run(s))"
+    )
+    rows = []
     for kind, label in (
         ("solo", "sleep (solo)"),
         ("waiter", waiter_label()),
@@ -195,21 +195,21 @@ def contend_table(runs: list[dict[str, Any]], ranks: int, seconds: float) -> str
         rel = med([r[kind]["rate"] / r["solo"]["rate"] for r in runs])
         share = med([x for r in runs for x in r[kind]["core_share"]])
         share_text = "-" if kind == "solo" else f"{share * 100:.1f}%"
-        lines.append(f"{label:<24} {rate:>9.1f} {rel * 100:>7.0f}% {share_text:>18}")
-    return "\n".join(lines)
+        rows.append([label, f"{rate:.1f}", f"{rel * 100:.0f}%", share_text])
+    return table(["the others", "matmul/s", "vs solo", "% core per waiter"], rows, title)
 
 
 def engine_run(launcher: Launcher, args: argparse.Namespace, mode: str, out: Path) -> dict:
     """One pserver job in ``mode`` with learner 1 slowed; core shares from its dump."""
     import h5py
 
-    quickstart = Path(__file__).resolve().parents[1] / "examples" / "quickstart.toml"
+    quickstart = ROOT / "examples" / "quickstart.toml"
     launcher.run(5, [
-        *shlex.split(args.pserver_run), str(quickstart), f"run.out_dir={out}",
+        *pserver_run(args), str(quickstart), f"run.out_dir={out}",
         "run.overwrite=true", "stats.progress=false", "run.log_level=warning",
         "protocol.name=hardsync", "run.epochs=1", f"data.batch_size={args.engine_batch}",
         f"comm.mode={mode}", f"inject.compute_time={args.engine_compute}",
-        "inject.slow_learner=1", f"inject.learner_factor={args.slow_factor}",
+        "inject.slow_learner=1", f"inject.learner_factor={args.slow_factor}", *args.set,
     ])  # fmt: skip
     with h5py.File(out / "stats.h5", "r", locking=False) as f:
         lrn, srv = f["learners"], f["servers"]
@@ -228,34 +228,34 @@ def engine_run(launcher: Launcher, args: argparse.Namespace, mode: str, out: Pat
 
 
 def engines_table(runs: list[dict[str, dict[str, float]]]) -> str:
-    lines = [
+    title = (
         f"engines: hardsync, 2 learners, learner 1 slowed; share of a core per process, all "
-        f"threads (medians of {len(runs)} run(s))",
-        f"{'comm.mode':<12} {'run s':>6} {'learner 0 blocked':>18} {'learner 0 core':>15} "
-        f"{'learner 1 core':>15} {'shard core':>11}",
-    ]
+        f"threads (medians of {len(runs)} run(s))"
+    )
+    rows = []
     for mode in runs[0]:
         def m(key: str, mode: str = mode) -> float:
             return med([r[mode][key] for r in runs])
 
-        lines.append(
-            f"{mode:<12} {m('run_time'):>6.1f} {m('waiting_learner_blocked') * 100:>17.0f}% "
-            f"{m('waiting_learner_core') * 100:>14.1f}% {m('slow_learner_core') * 100:>14.1f}% "
-            f"{m('server_core') * 100:>10.1f}%"
-        )
-    return "\n".join(lines)
+        rows.append([
+            mode, f"{m('run_time'):.1f}", f"{m('waiting_learner_blocked') * 100:.0f}%",
+            f"{m('waiting_learner_core') * 100:.1f}%", f"{m('slow_learner_core') * 100:.1f}%",
+            f"{m('server_core') * 100:.1f}%",
+        ])  # fmt: skip
+    head = ["comm.mode", "run s", "learner 0 blocked", "learner 0 core", "learner 1 core",
+            "shard core"]  # fmt: skip
+    return table(head, rows, title)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
+    p = bench_parser(
+        __doc__, repeats=3, timeout=120.0,
         epilog="Target: a rank waiting in pserver's Waiter (or a learner waiting in any "
-        "comm.mode) burns < 10%% of a core.",
-    )
+        "comm.mode) burns < 10% of a core.",
+    )  # fmt: skip
     p.add_argument("--idle-seconds", type=float, default=5.0, help="length of the idle wait")
     p.add_argument("--contend-seconds", type=float, default=3.0, help="rank 0's compute time")
     p.add_argument("--ranks", type=int, default=8, help="ranks of the contention experiment")
-    p.add_argument("--repeats", type=int, default=3, help="runs of each experiment (medians)")
     p.add_argument(
         "--only", choices=("idle", "contend", "engines"), help="run one experiment, not all three"
     )
@@ -263,24 +263,42 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--slow-factor", type=float, default=25.0, help="engines: learner 1's slow-down (25)"
     )
     p.add_argument(
-        "--engine-compute",
-        type=float,
-        default=0.02,
+        "--engine-compute", type=float, default=0.02,
         help="engines: inject.compute_time, s per minibatch before the slow-down (0.02)",
-    )
+    )  # fmt: skip
     p.add_argument(
         "--engine-batch", type=int, default=64, help="engines: data.batch_size (64: ~11 rounds)"
     )
-    add_pserver_run_arg(p)
-    add_launch_args(p, timeout=120.0)
-    p.add_argument("--json", type=Path, help="also write every run's figures as JSON")
     p.add_argument("--poll-min", type=float, help="Waiter's first sleep, s ([comm] default)")
     p.add_argument("--poll-max", type=float, help="Waiter's longest sleep, s ([comm] default)")
     p.add_argument("--worker", choices=("idle", "contend"), help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.ranks < 2 or args.repeats < 1:
-        p.error("--ranks needs >= 2 and --repeats >= 1")
+    args = parse(p, argv)
+    if args.ranks < 2:
+        p.error("--ranks needs >= 2")
     return args
+
+
+def measure(args: argparse.Namespace) -> tuple[dict[str, list[Any]], list[float]]:
+    """Every experiment asked for, ``--repeats`` times (interleaved); the runs and the idle
+    share of the machine before each launch."""
+    launcher = Launcher.from_args(__file__, args)
+    common = ["--idle-seconds", str(args.idle_seconds)]
+    common += ["--contend-seconds", str(args.contend_seconds)]
+    common += [f"--{k.replace('_', '-')}={v}" for k, v in POLL.items()]
+    runs: dict[str, list[Any]] = {"idle": [], "contend": [], "engines": []}
+    with tempfile.TemporaryDirectory(prefix="bench_wait_") as tmp:
+        for rep in range(args.repeats):
+            print(f"repeat {rep + 1}/{args.repeats}", file=sys.stderr, flush=True)
+            if args.only in (None, "idle"):
+                runs["idle"].append(launcher.worker(2, ["--worker", "idle", *common]))
+            if args.only in (None, "contend"):
+                contend = launcher.worker(args.ranks, ["--worker", "contend", *common])
+                runs["contend"].append(contend)
+            if args.only in (None, "engines"):
+                runs["engines"].append(
+                    {m: engine_run(launcher, args, m, Path(tmp) / m) for m in MODES}
+                )
+    return runs, launcher.idle_seen
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -288,43 +306,22 @@ def main(argv: list[str] | None = None) -> int:
     POLL.update({k: v for k, v in (("poll_min", args.poll_min), ("poll_max", args.poll_max)) if v})
     if args.worker == "idle":
         idle_worker(args.idle_seconds)
-        return 0
-    if args.worker == "contend":
+    elif args.worker == "contend":
         contend_worker(args.contend_seconds)
+    if args.worker:
         return 0
-    launcher = Launcher(
-        __file__, args.mpiexec, args.timeout, args.verbose, args.quiet_idle, args.quiet_wait
-    )
-    common = ["--idle-seconds", str(args.idle_seconds)]
-    common += ["--contend-seconds", str(args.contend_seconds)]
-    common += [f"--{k.replace('_', '-')}={v}" for k, v in POLL.items()]
-    idle: list[dict[str, Any]] = []
-    contend: list[dict[str, Any]] = []
-    engines: list[dict[str, dict[str, float]]] = []
-    with tempfile.TemporaryDirectory(prefix="bench_wait_") as tmp:
-        for rep in range(args.repeats):
-            print(f"repeat {rep + 1}/{args.repeats}", file=sys.stderr, flush=True)
-            if args.only in (None, "idle"):
-                idle.append(launcher.worker(2, ["--worker", "idle", *common]))
-            if args.only in (None, "contend"):
-                contend.append(launcher.worker(args.ranks, ["--worker", "contend", *common]))
-            if args.only in (None, "engines"):
-                engines.append({m: engine_run(launcher, args, m, Path(tmp) / m) for m in MODES})
+    runs, seen = measure(args)
     tables = []
-    if idle:
-        tables.append(idle_table(idle, args.idle_seconds))
-    if contend:
-        tables.append(contend_table(contend, args.ranks, args.contend_seconds))
-    if engines:
-        tables.append(engines_table(engines))
+    if runs["idle"]:
+        tables.append(idle_table(runs["idle"], args.idle_seconds))
+    if runs["contend"]:
+        tables.append(contend_table(runs["contend"], args.ranks, args.contend_seconds))
+    if runs["engines"]:
+        tables.append(engines_table(runs["engines"]))
     print("\n\n".join(tables))
-    seen = launcher.idle_seen
     if seen:
-        print(f"\nCPU idle before launches: min {min(seen):.0%}, median {med(seen):.0%}")
-    if args.json:
-        doc = {"argv": sys.argv, "idle": idle, "contend": contend, "engines": engines,
-               "idle_before_launches": seen}  # fmt: skip
-        args.json.write_text(json.dumps(doc, indent=1))
+        print(f"\n{idle_summary(seen)}")
+    write_json(args.json, {"argv": sys.argv, **runs, "idle_before_launches": seen}, indent=1)
     return 0
 
 

@@ -28,16 +28,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import Launcher, add_launch_args, add_pserver_run_arg, gpu_missing  # noqa: E402
+from benchlib import (  # noqa: E402
+    ROOT,
+    Launcher,
+    bench_parser,
+    gpu_missing,
+    parse,
+    pserver_run,
+    table,
+    write_json,
+)
 
 RTOL = {"float64": 1e-9, "float32": 1e-3}
 
@@ -56,7 +63,7 @@ class Comparison:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = bench_parser(__doc__, timeout=300.0)
     p.add_argument("--config", type=Path, default=ROOT / "examples" / "quickstart.toml")
     p.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=["softmax", "mlp", "cnn"])
     p.add_argument("--dtypes", nargs="+", default=["float64", "float32"], choices=list(RTOL))
@@ -73,17 +80,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--check", action="store_true", help="exit 1 when a curve is off tolerance")
     p.add_argument("--plot", action="store_true", help="write OUT/loss_curves.png")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "compare_backends")
-    p.add_argument("--json", type=Path, help="also write the comparisons as JSON")
-    p.add_argument(
-        "--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra pserver-run overrides"
-    )
-    add_pserver_run_arg(p)
-    add_launch_args(p, timeout=300.0)
-    return p.parse_args(argv)
+    return parse(p, argv)
 
 
 def train(launcher: Launcher, args: argparse.Namespace, out: Path, overrides: list[str]) -> None:
-    cmd = [*shlex.split(args.pserver_run), str(args.config), f"run.out_dir={out}"]
+    cmd = [*pserver_run(args), str(args.config), f"run.out_dir={out}"]
     launcher.run(4, [*cmd, "run.overwrite=true", "stats.progress=false", *overrides, *args.set])
 
 
@@ -161,6 +162,17 @@ def plot(args: argparse.Namespace, compared: list[tuple[Comparison, Curves]]) ->
     return path
 
 
+def results_table(results: list[Comparison], devices: list[str]) -> str:
+    head = ["model", "dtype", "steps", "loss max rel", "loss last rel", "weights rel",
+            f"err {devices[0]}", f"err {devices[1]}", "within"]  # fmt: skip
+    rows = [
+        [r.model, r.dtype, r.steps, f"{r.loss_max_rel:.2e}", f"{r.loss_last_rel:.2e}",
+         f"{r.weights_rel:.2e}", f"{r.test_error_ref:.4f}", f"{r.test_error_other:.4f}", r.within]
+        for r in results
+    ]  # fmt: skip
+    return table(head, rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     why = gpu_missing() if "gpu" in args.devices else ""
@@ -172,27 +184,15 @@ def main(argv: list[str] | None = None) -> int:
         p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    launcher = Launcher(
-        __file__, args.mpiexec, args.timeout, args.verbose, args.quiet_idle, args.quiet_wait
-    )
+    launcher = Launcher.from_args(__file__, args)
     compared = [compare(launcher, args, m, d) for m in args.models for d in args.dtypes]
     results = [r for r, _ in compared]
-    head = (
-        f"{'model':<8}{'dtype':<9}{'steps':>6}{'loss max rel':>14}{'loss last rel':>15}"
-        f"{'weights rel':>13}{'err ' + args.devices[0]:>9}{'err ' + args.devices[1]:>9}  within"
-    )
-    print(head + "\n" + "-" * len(head))
-    for r in results:
-        print(
-            f"{r.model:<8}{r.dtype:<9}{r.steps:>6}{r.loss_max_rel:>14.2e}{r.loss_last_rel:>15.2e}"
-            f"{r.weights_rel:>13.2e}{r.test_error_ref:>9.4f}{r.test_error_other:>9.4f}  {r.within}"
-        )
+    print(results_table(results, args.devices))
     tol = "per dtype " + json.dumps(RTOL) if args.rtol is None else f"{args.rtol:g}"
     print(f"(tolerance {tol}; dumps under {args.out})")
     if args.plot:
         print(f"loss curves: {plot(args, compared)}")
-    if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    write_json(args.json, [asdict(r) for r in results])
     return 1 if args.check and not all(r.within for r in results) else 0
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Reproduce Table 1 and Fig. 4 of PSP-SGD ("Faster distributed synchronous SGD with weak
-synchronization", /work/shared/papers/000_edf34075bbf2e00d.txt) on this machine.
+synchronization") on this machine.
 
 The paper (§4.2) trains ResNet-50 on CIFAR-10 with 32 servers and 32 workers and compares
 
@@ -68,10 +68,6 @@ import argparse
 import json
 import math
 import os
-import shlex
-import signal
-import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -79,9 +75,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from benchlib import add_pserver_run_arg, default_tool  # noqa: E402  (scripts/ on sys.path)
+from benchlib import ROOT, Launcher, bench_parser, parse, pserver_run  # (scripts/ on sys.path)
+from benchlib import median as _median
 
-ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "examples" / "psp.toml"
 
 #: Table 1 of the paper: c, b, running time (s) and top-1 validation error, with delays.
@@ -173,17 +169,19 @@ def paper_settings(n_learners: int, n_blocks: int, tau1: float, tau2: float) -> 
 
 
 def run_one(
-    args: argparse.Namespace, setting: Setting, scenario: str, repeat: int, extra: list[str]
+    launcher: Launcher,
+    args: argparse.Namespace,
+    setting: Setting,
+    scenario: str,
+    repeat: int,
+    extra: list[str],
 ) -> RunResult:
     """One ``mpiexec -n N pserver-run examples/psp.toml ...`` under a timeout; read its dump."""
     seed = args.seed + repeat
     out_dir = Path(args.out).parent / "runs" / f"{scenario}-{setting.key}-r{repeat}"
     n_ranks = args.servers + 2 + args.learners
     cmd = [
-        args.mpiexec,
-        "-n",
-        str(n_ranks),
-        *shlex.split(args.pserver_run),
+        *pserver_run(args),
         str(args.config),
         f"run.out_dir={out_dir}",
         "run.overwrite=true",
@@ -198,25 +196,18 @@ def run_one(
         "stats.progress=false",
         "run.log_level=warning",
         *setting.overrides(args.learners),
+        *args.set,
         *extra,
     ]
     result = RunResult(setting.key, scenario, repeat, seed, str(out_dir), ok=False)
     log = out_dir.with_suffix(".log")
     log.parent.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    with open(log, "w") as fh:
-        fh.write(" ".join(cmd) + "\n")
-        fh.flush()
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the mpiexec we started and its ranks
-            proc.wait()
-            result.message = f"timed out after {args.timeout:.0f} s (log: {log})"
-            return result
-    if rc != 0:
-        result.message = f"exit status {rc} after {time.monotonic() - started:.0f} s (log: {log})"
+    job = launcher.run(n_ranks, cmd, log=log, check=False)
+    if job.reason:
+        result.message = f"{job.reason} (log: {log})"
+        return result
+    if job.returncode != 0:
+        result.message = f"exit status {job.returncode} after {job.seconds:.0f} s (log: {log})"
         return result
     result.load = os.getloadavg()[0]
     return read_dump(result, out_dir / "stats.h5")
@@ -257,8 +248,8 @@ def read_dump(result: RunResult, path: Path) -> RunResult:
 
 
 def median(values: list[float]) -> float:
-    values = [v for v in values if not math.isnan(v)]
-    return statistics.median(values) if values else math.nan
+    """The median of the numbers that are not NaN (a failed run's figures are NaN)."""
+    return _median(values, drop_nan=True)
 
 
 def time_to_minibatches(run: RunResult, count: int) -> float:
@@ -460,104 +451,47 @@ def calibrate(args: argparse.Namespace, runs: list[RunResult]) -> tuple[float, f
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description="Reproduce PSP-SGD Table 1 / Fig. 4 (Sync, partial push, partial push + "
-        "pull, too aggressive) on the digits MLP, without and with injected pull delays.",
-    )
-    p.add_argument(
-        "--learners", type=int, default=4, help="λ, the number of learners (default: %(default)s)"
-    )
-    p.add_argument(
-        "--servers", type=int, default=4, help="parameter-server shards (default: %(default)s)"
-    )
-    p.add_argument(
-        "--blocks",
-        type=int,
-        default=0,
-        help="parameter blocks spread over the shards (0: 2 per shard) (default: %(default)s)",
-    )
-    p.add_argument(
-        "--epochs", type=int, default=20, help="training epochs of every run (default: %(default)s)"
-    )
-    p.add_argument(
-        "--repeats",
-        type=int,
-        default=1,
-        help="runs per cell (seeds --seed .. --seed+R-1); the table shows medians "
-        "(default: %(default)s)",
-    )
-    p.add_argument(
-        "--seed", type=int, default=0, help="run.seed of the first repeat (default: %(default)s)"
-    )
-    p.add_argument(
-        "--compute-time",
-        type=float,
-        default=0.02,
-        help="emulated compute seconds per minibatch (inject.compute_time) (default: %(default)s)",
-    )
-    p.add_argument(
-        "--delay-prob",
-        type=float,
-        default=None,
-        help="share of pull replies delayed (default: scaled from the paper's 0.16 %%)",
-    )
-    p.add_argument(
-        "--delay",
-        type=float,
-        default=None,
-        help="seconds a delayed reply waits (default: scaled from the paper's 4 s)",
-    )
-    p.add_argument(
-        "--tau1",
-        type=float,
-        default=0.0,
-        help="partial-push timeout τ1 (s) of the c < λ settings (paper: 0) (default: %(default)s)",
-    )
-    p.add_argument(
-        "--epoch-basis",
-        choices=("computed", "applied"),
-        default="computed",
+    p = bench_parser(
+        "Reproduce PSP-SGD Table 1 / Fig. 4 (Sync, partial push, partial push + pull, too "
+        "aggressive) on the digits MLP, without and with injected pull delays.",
+        repeats=1, timeout=300.0, quiet_idle=0.0, json_out=False,
+    )  # fmt: skip
+    add = p.add_argument
+    add("--learners", type=int, default=4, help="λ, the number of learners (default: %(default)s)")
+    add("--servers", type=int, default=4, help="parameter-server shards (default: %(default)s)")
+    add("--blocks", type=int, default=0, help="parameter blocks spread over the shards "
+        "(0: 2 per shard) (default: %(default)s)")  # fmt: skip
+    add("--epochs", type=int, default=20,
+        help="training epochs of every run (default: %(default)s)")  # fmt: skip
+    add("--seed", type=int, default=0, help="run.seed of the first repeat (repeat r: seed + r) "
+        "(default: %(default)s)")  # fmt: skip
+    add("--compute-time", type=float, default=0.02, help="emulated compute seconds per "
+        "minibatch (inject.compute_time) (default: %(default)s)")  # fmt: skip
+    add("--delay-prob", type=float, default=None, help="share of pull replies delayed "
+        "(default: scaled from the paper's 0.16 %%)")  # fmt: skip
+    add("--delay", type=float, default=None,
+        help="seconds a delayed reply waits (default: scaled from the paper's 4 s)")  # fmt: skip
+    add("--tau1", type=float, default=0.0, help="partial-push timeout τ1 (s) of the c < λ "
+        "settings (paper: 0) (default: %(default)s)")  # fmt: skip
+    add("--epoch-basis", choices=("computed", "applied"), default="computed",
         help="what an epoch counts (run.epoch_basis): computed = passes of the learners over "
         "the data, the paper's notion; applied = gradients that entered updates "
-        "(default: %(default)s)",
-    )
-    p.add_argument(
-        "--tau2",
-        type=float,
-        default=0.0,
-        help="partial-pull timeout τ2 (s) of the b < 1 settings (paper: 0) (default: %(default)s)",
-    )
-    p.add_argument(
-        "--only",
-        choices=("clean", "delayed", "both"),
-        default="both",
+        "(default: %(default)s)")  # fmt: skip
+    add("--tau2", type=float, default=0.0, help="partial-pull timeout τ2 (s) of the b < 1 "
+        "settings (paper: 0) (default: %(default)s)")  # fmt: skip
+    add("--only", choices=("clean", "delayed", "both"), default="both",
         help="scenario(s) to run; delayed alone needs --delay and --delay-prob "
-        "(default: %(default)s)",
-    )
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=Path("runs/psp/psp_fig4.png"),
-        help="the plot; the table goes next to it as .json, the runs under runs/ "
-        "(default: %(default)s)",
-    )
-    p.add_argument("--config", type=Path, default=CONFIG, help="base config (default: %(default)s)")
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=300.0,
-        help="seconds allowed per run (default: %(default)s)",
-    )
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="smoke test: 3 epochs, 3 learners, 2 shards of 2 blocks each",
-    )
-    p.add_argument(
-        "--mpiexec", default=default_tool("mpiexec"), help="MPI launcher (default: %(default)s)"
-    )
-    add_pserver_run_arg(p)
-    args = p.parse_args(argv)
+        "(default: %(default)s)")  # fmt: skip
+    add("--out", type=Path, default=Path("runs/psp/psp_fig4.png"), help="the plot; the table "
+        "goes next to it as .json, the runs under runs/ (default: %(default)s)")  # fmt: skip
+    add("--config", type=Path, default=CONFIG, help="base config (default: %(default)s)")
+    add("--quick", action="store_true",
+        help="smoke test: 3 epochs, 3 learners, 2 shards of 2 blocks each")  # fmt: skip
+    return check_args(p, parse(p, argv))
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """--quick applied, the block count chosen, the combinations checked."""
     if args.quick:
         args.epochs, args.learners, args.servers = 3, 3, 2
         args.blocks = args.blocks or 4
@@ -567,15 +501,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--blocks {args.blocks} < --servers {args.servers}: every shard needs a block")
     if args.only == "delayed" and (args.delay is None or args.delay_prob is None):
         p.error("--only delayed needs --delay and --delay-prob (nothing to calibrate from)")
-    for name in ("epochs", "repeats", "learners", "servers"):
+    for name in ("epochs", "learners", "servers"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1")
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    settings = paper_settings(args.learners, args.blocks, args.tau1, args.tau2)
+def print_setup(args: argparse.Namespace, settings: list[Setting]) -> None:
     n_ranks = args.servers + 2 + args.learners
     print(
         f"PSP-SGD Table 1 / Fig. 4 on the digits MLP: λ = {args.learners} learners, "
@@ -588,12 +520,22 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{s.label} (c={s.c}, b={s.b:g})" for s in settings)
         + f"; tau1 = {args.tau1:g} s, tau2 = {args.tau2:g} s"
     )
+
+
+def run_all(
+    args: argparse.Namespace, settings: list[Setting], started: float
+) -> tuple[list[RunResult], float, float]:
+    """Every scenario and setting, ``--repeats`` times; the runs, the delay and its probability.
+
+    Repeats are the outer loop, so a spell of load from other work on the machine hits every
+    setting of one repeat alike; the savings are then taken within each repeat (paired).
+    """
+    launcher = Launcher.from_args(__file__, args)
     runs: list[RunResult] = []
-    started = time.monotonic()
 
     def scenario(name: str, repeat: int, extra: list[str]) -> None:
         for s in settings:
-            r = run_one(args, s, name, repeat, extra)
+            r = run_one(launcher, args, s, name, repeat, extra)
             runs.append(r)
             state = (
                 f"{r.wall_time:6.2f} s  error {r.test_error:.4f}  dropped {r.dropped}"
@@ -607,8 +549,6 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
 
-    # Repeats are the outer loop, so a spell of load from other work on the machine hits every
-    # setting of one repeat alike; the savings are then taken within each repeat (paired).
     delayed: list[str] | None = None
     delay = prob = 0.0
     for repeat in range(args.repeats):
@@ -620,6 +560,60 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"with delays, scaled from the paper (§4.2):\n{why}")
                 delayed = [f"inject.pull_delay_prob={prob!r}", f"inject.pull_delay={delay!r}"]
             scenario("delayed", repeat, delayed)
+    return runs, delay, prob
+
+
+def print_verdict(tables: dict[str, Any]) -> dict[str, Any] | None:
+    """The acceptance target, read from the delayed table (None without one)."""
+    print(
+        "\npaper, Table 1 (with delays): "
+        + ", ".join(
+            f"{k} c={c} b={b:.0%}: {t:.2f} s, error {e:.4f}" for k, (c, b, t, e) in PAPER.items()
+        )
+    )
+    if "delayed" not in tables:
+        return None
+    row = tables["delayed"]["Sync+push+pull"]
+    met = row["saving"] >= TARGET_SAVING and row["error_delta"] <= TARGET_ERROR
+    saved, worse = fmt(100 * row["saving"], "+.1f"), fmt(100 * row["error_delta"], "+.2f")
+    print(
+        f"\ntarget (with delays, {row['label']} vs Sync): >= {TARGET_SAVING:.0%} less "
+        f"time and test error within {100 * TARGET_ERROR:g} point: time saved "
+        f"{saved} %, error {worse} points -> " + ("MET" if met else "NOT MET")
+    )
+    return {"saving": row["saving"], "error_delta": row["error_delta"], "met": bool(met)}
+
+
+def write_report(
+    args: argparse.Namespace,
+    settings: list[Setting],
+    runs: list[RunResult],
+    delay: tuple[float, float],
+    tables: dict[str, Any],
+    verdict: dict[str, Any] | None,
+) -> Path:
+    """The tables, settings and every run as JSON next to the plot."""
+    report = args.out.with_suffix(".json")
+    prob, seconds = delay
+    doc = {
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "settings": [asdict(s) for s in settings],
+        "delay": {"prob": prob, "seconds": seconds, "delay_share": DELAY_SHARE,
+                  "delays_worth": DELAYS_WORTH},
+        "tables": tables,
+        "target": verdict,
+        "runs": [{k: v for k, v in asdict(r).items() if k != "minibatch_times"} for r in runs],
+    }  # fmt: skip
+    report.write_text(json.dumps(doc, indent=1, default=float))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = paper_settings(args.learners, args.blocks, args.tau1, args.tau2)
+    print_setup(args, settings)
+    started = time.monotonic()
+    runs, delay, prob = run_all(args, settings, started)
     scenarios: list[tuple[str, str]] = []
     if args.only in ("clean", "both"):
         scenarios.append(("clean", "no delay"))
@@ -630,46 +624,9 @@ def main(argv: list[str] | None = None) -> int:
         tables[name] = summarize(settings, runs, name)
         what = f"{args.repeats} repeat(s), median" if args.repeats > 1 else "1 run"
         print_table(f"Table 1, {title} ({what}):", settings, tables[name])
-    print(
-        "\npaper, Table 1 (with delays): "
-        + ", ".join(
-            f"{k} c={c} b={b:.0%}: {t:.2f} s, error {e:.4f}" for k, (c, b, t, e) in PAPER.items()
-        )
-    )
-    verdict = None
-    if "delayed" in tables:
-        row = tables["delayed"]["Sync+push+pull"]
-        met = row["saving"] >= TARGET_SAVING and row["error_delta"] <= TARGET_ERROR
-        verdict = {"saving": row["saving"], "error_delta": row["error_delta"], "met": bool(met)}
-        saved, worse = fmt(100 * row["saving"], "+.1f"), fmt(100 * row["error_delta"], "+.2f")
-        print(
-            f"\ntarget (with delays, {row['label']} vs Sync): >= {TARGET_SAVING:.0%} less "
-            f"time and test error within {100 * TARGET_ERROR:g} point: time saved "
-            f"{saved} %, error {worse} points -> " + ("MET" if met else "NOT MET")
-        )
+    verdict = print_verdict(tables)
     plot(args.out, settings, runs, scenarios)
-    report = args.out.with_suffix(".json")
-    report.write_text(
-        json.dumps(
-            {
-                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                "settings": [asdict(s) for s in settings],
-                "delay": {
-                    "prob": prob,
-                    "seconds": delay,
-                    "delay_share": DELAY_SHARE,
-                    "delays_worth": DELAYS_WORTH,
-                },
-                "tables": tables,
-                "target": verdict,
-                "runs": [
-                    {k: v for k, v in asdict(r).items() if k != "minibatch_times"} for r in runs
-                ],
-            },
-            indent=1,
-            default=float,
-        )
-    )
+    report = write_report(args, settings, runs, (prob, delay), tables, verdict)
     print(
         f"\nplot: {args.out}\ntable: {report}\nruns: {Path(args.out).parent / 'runs'}"
         f"\ntotal {time.monotonic() - started:.0f} s"

@@ -1,68 +1,70 @@
-"""Launch real ``mpiexec`` jobs from tests, each under a hard timeout that kills the whole job."""
+"""Launch real ``mpiexec`` jobs from tests, each under a hard timeout that kills the whole job.
+
+Thin wrappers over :mod:`pserver.launch`: the launcher and its flags come from
+``PSERVER_MPIEXEC`` / ``PSERVER_MPIEXEC_FLAGS`` (``docs/launching.md``).
+"""
 
 from __future__ import annotations
 
 import os
-import shutil
-import signal
-import subprocess
-import sys
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from pserver import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "examples" / "quickstart.toml"
 
+Result = launch.Completed  # returncode, stdout, stderr, output (and cmd, seconds, reason)
+
 
 def mpiexec() -> str:
-    local = Path(sys.executable).parent / "mpiexec"
-    found = str(local) if local.exists() else shutil.which("mpiexec")
-    if not found:
-        raise RuntimeError("mpiexec not found: run scripts/setup.sh (pip install mpich)")
-    return found
-
-
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def output(self) -> str:
-        return self.stdout + self.stderr
-
-
-def run_job(n: int, args: list[str], timeout: float = 120.0, cwd: Path | None = None) -> Result:
-    """``mpiexec -n N python -m pserver.cli ARGS``; a job past ``timeout`` is killed and fails."""
-    cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "pserver.cli", *args]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        cmd,
-        cwd=cwd or ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    """The launcher program: ``$PSERVER_MPIEXEC``, else the .venv's mpiexec, else PATH's."""
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
+        return launch.mpiexec_program()
+    except launch.LaunchError as e:
+        raise RuntimeError(str(e)) from None
+
+
+def run_job(
+    n: int,
+    args: list[str],
+    timeout: float = 120.0,
+    cwd: Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    flags: Sequence[str] = (),
+) -> Result:
+    """``mpiexec -n N python -m pserver.cli ARGS``; a job past ``timeout`` is killed and fails.
+
+    ``env``: variables added to this process's environment for the job; ``flags``: launcher
+    flags added after those of ``$PSERVER_MPIEXEC_FLAGS``.
+    """
+    cmd = launch.mpi_command(n, [*launch.pserver_cli(), *args], [*launch.launcher(), *flags])
+    job_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    res = launch.run(cmd, timeout, env=job_env, cwd=cwd or ROOT)
+    if res.reason:
         raise AssertionError(
-            f"mpiexec -n {n} {' '.join(args)} hung for {timeout:.0f} s\n{out}\n{err}"
-        ) from None
-    return Result(proc.returncode, out, err)
+            f"mpiexec -n {n} {' '.join(args)} hung for {timeout:.0f} s\n{res.stdout}\n{res.stderr}"
+        )
+    return res
 
 
-def train(tmp_path: Path, n: int, *overrides: str, timeout: float = 120.0) -> Result:
+def train(
+    tmp_path: Path,
+    n: int,
+    *overrides: str,
+    timeout: float = 120.0,
+    env: Mapping[str, str] | None = None,
+    flags: Sequence[str] = (),
+) -> Result:
     """The quickstart config with overrides, writing into ``tmp_path``; asserts a clean exit."""
     res = run_job(
         n,
         [str(QUICKSTART), f"run.out_dir={tmp_path}", "stats.progress=false", *overrides],
         timeout,
+        env=env,
+        flags=flags,
     )
     assert res.returncode == 0, res.output
     return res
