@@ -1,0 +1,176 @@
+"""Randomized soak: many short real runs over every protocol, topology, engine and injection.
+
+    python scripts/soak.py --runs 200 --seed 1 --out runs/soak
+
+Each run draws a configuration from a seeded generator (protocol and its parameters, shards,
+blocks, comm engine, aggregator and broadcast trees, transport, partial pulling, pull delays,
+straggler learners and shards, emulated compute, model), asks pserver's own validation whether
+it can run (a refused draw is drawn again, so the soak spends its time on runs), launches it
+under ``mpiexec`` with a hard timeout and checks the dump with ``pserver.stats.check``. The
+outcome of every run is one of:
+
+* ``ok`` — exit 0 and a consistent dump;
+* ``inconsistent`` — exit 0 but the dump breaks a rule of ``check_dump`` (listed);
+* ``failed`` — a nonzero exit (its last lines are kept);
+* ``hang`` — the hard timeout killed it.
+
+Every run is one JSON line in ``OUT/soak.jsonl`` (its overrides, outcome, seconds, problems),
+so a failing draw can be replayed with its printed command. The exit status is 1 if any run
+was not ``ok``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from pserver.config import load_config
+from pserver.errors import PserverError
+from pserver.launch import Launcher
+from pserver.stats.check import check_dump
+from pserver.stats.reader import load_dump
+from pserver.topology import make_layout, tree_size
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "examples" / "quickstart.toml"
+
+
+def draw(rng: random.Random) -> dict[str, Any]:
+    """One random configuration as overrides (section.key -> value)."""
+    lam = rng.randint(1, 6)
+    o: dict[str, Any] = {
+        "cluster.learners": lam,
+        "cluster.servers": rng.choice([1, 1, 2, 3]),
+        "run.epochs": rng.choice([1, 2]),
+        "run.seed": rng.randrange(1000),
+        "data.batch_size": rng.choice([16, 32, 64]),
+        "model.hidden": rng.choice([[16], [32], [16, 16]]),
+        "optim.lr_milestones": [],
+        "comm.mode": rng.choice(["blocking", "blocking", "nonblocking", "thread"]),
+        "comm.stall_timeout": 20.0,
+    }
+    o["blocks.count"] = o["cluster.servers"] * rng.choice([1, 2, 3])
+    o.update(_protocol(rng, lam))
+    if rng.random() < 0.25:
+        o["cluster.tree_fanout"] = 2
+    if o["comm.mode"] != "blocking" and rng.random() < 0.3:
+        o["cluster.bcast_fanout"] = 2
+    if rng.random() < 0.2:
+        o["comm.transport"] = "shm"
+    if rng.random() < 0.25:
+        o["protocol.pull_fraction"] = rng.choice([0.5, 0.75])
+        o["protocol.tau2"] = rng.choice([0.0, 0.002])
+    if rng.random() < 0.25:
+        o["inject.pull_delay_prob"] = rng.choice([0.02, 0.05])
+        o["inject.pull_delay"] = rng.choice([0.01, 0.05])
+    o.update(_stragglers(rng, lam, o["cluster.servers"]))
+    if rng.random() < 0.15:
+        o.update({"model.kind": "null", "model.size_mib": rng.choice([0.05, 0.5])})
+        o.pop("model.hidden")
+    return o
+
+
+def _protocol(rng: random.Random, lam: int) -> dict[str, Any]:
+    name = rng.choice(["hardsync", "softsync", "async", "psp", "ssp"])
+    o: dict[str, Any] = {"protocol.name": name}
+    if name == "softsync":
+        o["protocol.n"] = rng.randint(1, lam)
+    elif name == "psp":
+        o["protocol.c"] = rng.randint(0, lam)
+        o["protocol.tau1"] = rng.choice([0.0, 0.0, 0.002])
+    elif name == "ssp":
+        o["protocol.s"] = rng.randint(0, 3)
+    return o
+
+
+def _stragglers(rng: random.Random, lam: int, servers: int) -> dict[str, Any]:
+    o: dict[str, Any] = {}
+    if rng.random() < 0.5:
+        o["inject.compute_time"] = rng.choice([0.0005, 0.002])
+    if rng.random() < 0.3:
+        o["inject.slow_learner"] = rng.randrange(lam)
+        o["inject.learner_factor"] = rng.choice([2.0, 5.0, 20.0])
+    if rng.random() < 0.15:
+        o["inject.slow_server"] = rng.randrange(servers)
+        o["inject.server_factor"] = rng.choice([2.0, 4.0])
+    return o
+
+
+def as_args(overrides: dict[str, Any]) -> list[str]:
+    """``key=value`` arguments with TOML values (lists and strings quoted as TOML reads them)."""
+    return [f"{k}={json.dumps(v)}" for k, v in overrides.items()]
+
+
+def world_size(overrides: dict[str, Any]) -> int | None:
+    """Ranks the draw needs, or None when pserver's own validation refuses it."""
+    try:
+        cfg = load_config(QUICKSTART, as_args(overrides))
+    except PserverError:
+        return None
+    lam, k = cfg.cluster.learners, cfg.cluster.tree_fanout
+    n = 2 + cfg.cluster.servers + lam + tree_size(lam, k)
+    try:
+        make_layout(n, cfg)
+    except PserverError:
+        return None
+    return n
+
+
+def run_one(launcher: Launcher, i: int, overrides: dict[str, Any], n: int, out: Path,
+            timeout: float) -> dict[str, Any]:
+    run_dir = out / f"run{i:04d}"
+    args = [str(QUICKSTART), f"run.out_dir={run_dir}", "stats.progress=false",
+            "run.overwrite=true", *as_args(overrides)]
+    started = time.monotonic()
+    res = launcher.run_pserver(n, args, timeout=timeout)
+    row: dict[str, Any] = {"run": i, "n": n, "overrides": overrides,
+                           "seconds": round(time.monotonic() - started, 2)}
+    if res.timed_out:
+        row.update(outcome="hang", tail=res.output[-2000:])
+    elif res.returncode != 0:
+        row.update(outcome="failed", returncode=res.returncode, tail=res.output[-2000:])
+    else:
+        problems = check_dump(load_dump(run_dir / "stats.h5"))
+        row.update(outcome="inconsistent" if problems else "ok", problems=problems)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=200)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=120.0, help="hard limit per run (s)")
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "soak")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rng, launcher, tally, redrawn = random.Random(args.seed), Launcher(), Counter(), 0
+    with open(args.out / "soak.jsonl", "w") as log:
+        for i in range(args.runs):
+            while (n := world_size(o := draw(rng))) is None:
+                redrawn += 1
+            row = run_one(launcher, i, o, n, args.out, args.timeout)
+            tally[row["outcome"]] += 1
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            _progress(i, args.runs, row, n)
+    print(f"{args.runs} runs ({redrawn} draws refused by validation and drawn again): "
+          + ", ".join(f"{k} {v}" for k, v in sorted(tally.items())))
+    return 0 if tally["ok"] == args.runs else 1
+
+
+def _progress(i: int, total: int, row: dict[str, Any], n: int) -> None:
+    line = f"[{i + 1}/{total}] {row['outcome']:12s} {row['seconds']:6.1f} s  -n {n} " + " ".join(
+        as_args(row["overrides"]))
+    print(line, flush=True)
+    if row["outcome"] != "ok":
+        print("   ", row.get("problems") or row.get("tail", "")[-600:], flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

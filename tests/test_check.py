@@ -1,0 +1,94 @@
+"""pserver.stats.check: a consistent hand-made dump passes, and each rule catches its breach."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pserver.stats.check import check_dump
+from pserver.stats.reader import Dump
+
+I32, I64 = np.int32, np.int64
+
+
+def consistent() -> Dump:
+    """Hardsync, one shard, two learners, three updates of two fresh gradients, one epoch."""
+    ts = np.array([1, 2, 3], I64)
+    groups = {
+        "updates": {
+            "shard": np.zeros(3, I32), "timestamp": ts, "n_gradients": np.full(3, 2, I32),
+            "mean_staleness": np.zeros(3), "vector_clock": np.array([[0, 0], [1, 1], [2, 2]], I64),
+        },
+        "gradients": {
+            "shard": np.zeros(6, I32), "learner": np.array([0, 1] * 3, I32),
+            "timestamp": np.repeat([0, 1, 2], 2).astype(I64), "staleness": np.zeros(6, I32),
+            "update": np.repeat(ts, 2),
+        },
+        "servers": {"shard": np.zeros(1, I32), "updates": np.array([3], I64)},
+        "blocks": {
+            "block": np.zeros(1, I32), "shard": np.zeros(1, I32), "timestamp": np.array([3], I64),
+            "applied": np.array([6], I64), "dropped": np.zeros(1, I64),
+        },
+        "learners": {"learner": np.array([0, 1], I32), "minibatches": np.array([3, 3], I64)},
+        "train": {
+            "learner": np.repeat([0, 1], 3).astype(I32), "step": np.tile([0, 1, 2], 2),
+            "loss": np.full(6, 2.0),
+        },
+        "test": {"epoch": np.array([1.0]), "samples": np.array([96], I64),
+                 "error": np.array([0.5]), "loss": np.array([1.5])},
+        "model": {"weights": np.ones(10, np.float32)},
+    }
+    config = {"protocol": {"name": "hardsync"}, "run": {"epochs": 1, "epoch_basis": "applied"},
+              "data": {"batch_size": 16}}
+    attrs = {"config": config, "finished": "2026-01-01T00:00:00", "wall_time": 1.0}
+    return Dump(path=Path("x.h5"), attrs=attrs, groups=groups)
+
+
+def test_a_consistent_dump_has_no_problem() -> None:
+    assert check_dump(consistent()) == []
+
+
+def breach(edit) -> list[str]:  # noqa: ANN001
+    d = consistent()
+    edit(d)
+    return check_dump(d)
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda d: d.attrs.pop("finished"), "did not end cleanly"),
+        (lambda d: d.groups["model"]["weights"].__setitem__(3, np.nan), "non-finite"),
+        (lambda d: d.groups["updates"]["timestamp"].__setitem__(2, 4), "are not 1, 2"),
+        (lambda d: d.groups["updates"]["mean_staleness"].__setitem__(0, 0.5), "eq. (2)"),
+        (lambda d: d.groups["updates"]["vector_clock"].__setitem__((1, 1), -1), "vector clocks"),
+        (lambda d: d.groups["gradients"]["staleness"].__setitem__(5, 1), "(i − 1) − timestamp"),
+        (lambda d: d.groups["gradients"]["update"].__setitem__(5, 2), "differ from n_gradients"),
+        (lambda d: d.groups["servers"]["updates"].__setitem__(0, 2), "servers/updates"),
+        (lambda d: d.groups["blocks"]["applied"].__setitem__(0, 5), "applied 5 gradients"),
+        (lambda d: d.groups["learners"]["minibatches"].__setitem__(1, 4), "learner 1"),
+        (lambda d: d.groups["test"]["samples"].__setitem__(0, 200), "before 1 epochs"),
+        (lambda d: d.groups["test"]["error"].__setitem__(0, 1.5), "outside [0, 1]"),
+    ],
+)
+def test_each_rule_catches_its_breach(edit, words: str) -> None:  # noqa: ANN001
+    problems = breach(edit)
+    assert any(words in p for p in problems), problems
+
+
+def test_hardsync_with_a_stale_gradient_is_caught_but_async_may_have_one() -> None:
+    def stale(d: Dump) -> None:
+        g = d.groups["gradients"]
+        g["timestamp"][5], g["staleness"][5] = 1, 1
+        d.groups["updates"]["vector_clock"][2, 1] = 1
+        d.groups["updates"]["mean_staleness"][2] = 0.5
+
+    assert any("hardsync applied 1 stale" in p for p in breach(stale))
+
+    def stale_async(d: Dump) -> None:
+        stale(d)
+        d.attrs["config"]["protocol"]["name"] = "async"
+
+    assert breach(stale_async) == []
