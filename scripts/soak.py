@@ -32,7 +32,7 @@ from typing import Any
 
 from pserver.config import load_config
 from pserver.errors import PserverError
-from pserver.launch import Launcher
+from pserver import launch
 from pserver.stats.check import check_dump
 from pserver.stats.reader import load_dump
 from pserver.topology import make_layout, tree_size
@@ -122,13 +122,13 @@ def world_size(overrides: dict[str, Any]) -> int | None:
     return n
 
 
-def run_one(launcher: Launcher, i: int, overrides: dict[str, Any], n: int, out: Path,
-            timeout: float) -> dict[str, Any]:
+def run_one(i: int, overrides: dict[str, Any], n: int, out: Path, timeout: float
+            ) -> dict[str, Any]:
     run_dir = out / f"run{i:04d}"
     args = [str(QUICKSTART), f"run.out_dir={run_dir}", "stats.progress=false",
             "run.overwrite=true", *as_args(overrides)]
     started = time.monotonic()
-    res = launcher.run_pserver(n, args, timeout=timeout)
+    res = launch.run(launch.mpi_command(n, [*launch.pserver_cli(), *args]), timeout)
     row: dict[str, Any] = {"run": i, "n": n, "overrides": overrides,
                            "seconds": round(time.monotonic() - started, 2)}
     if res.timed_out:
@@ -149,12 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "soak")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    rng, launcher, tally, redrawn = random.Random(args.seed), Launcher(), Counter(), 0
+    rng, tally, redrawn = random.Random(args.seed), Counter(), 0
     with open(args.out / "soak.jsonl", "w") as log:
         for i in range(args.runs):
             while (n := world_size(o := draw(rng))) is None:
                 redrawn += 1
-            row = run_one(launcher, i, o, n, args.out, args.timeout)
+            row = run_one(i, o, n, args.out, args.timeout)
             tally[row["outcome"]] += 1
             log.write(json.dumps(row) + "\n")
             log.flush()
