@@ -30,9 +30,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from pserver import launch
 from pserver.config import load_config
 from pserver.errors import PserverError
-from pserver import launch
 from pserver.stats.check import check_dump
 from pserver.stats.reader import load_dump
 from pserver.topology import make_layout, tree_size
