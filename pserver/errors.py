@@ -19,3 +19,26 @@ class DataError(PserverError):
 
 class BackendError(PserverError):
     """A device backend (e.g. CuPy on a GPU) that was asked for but cannot be used."""
+
+
+class RunError(Exception):
+    """A failure during training whose message says everything: the CLI prints it on one line
+    (no traceback), naming the rank and host, and aborts the job."""
+
+
+class Diverged(RunError):
+    """The training loss became NaN or infinite: the weights it was computed on are lost."""
+
+
+class PeerLost(RunError):
+    """A peer rank died (its process ended, or MPI reported a failed communication with it)."""
+
+
+def diverged(loss: float, step: int, timestamps: dict[int, int], lr: float) -> Diverged:
+    """The error a learner raises when its training loss is not finite."""
+    held = ", ".join(f"block {b}: t={t}" for b, t in sorted(timestamps.items())[:4])
+    more = ", ..." if len(timestamps) > 4 else ""
+    return Diverged(
+        f"the training loss became {loss} at step {step} (weights of {held}{more}): the run "
+        f"diverged, its weights or activations overflowed; try a smaller optim.lr (now {lr:g})"
+    )
