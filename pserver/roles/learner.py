@@ -12,6 +12,7 @@ picked up by a later one; no request is sent twice.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -20,6 +21,7 @@ from mpi4py import MPI
 from pserver.comm.payload import Payloads
 from pserver.config import inject_plan
 from pserver.context import Context
+from pserver.errors import diverged
 from pserver.partial_pull import PartialPull
 from pserver.protocols import make_protocol
 from pserver.roles.prefetch import Prefetcher
@@ -121,6 +123,8 @@ class Learner:
             raise RuntimeError(f"failure injected at step {self.steps} (inject.fail_learner)")
         started = time.perf_counter()
         self.loss, self.error = self.model.loss_grad(self.w, X, y, self.grad)
+        if not math.isfinite(self.loss):  # NaN or inf weights (or lr too large): stop now
+            raise diverged(self.loss, self.steps, self.have, self.cfg.optim.lr)
         self.ctx.backend.synchronize()
         extra = self.extra_compute  # emulated accelerator work: the CPU idles
         if self.slow:  # an injected straggler also takes longer for its real compute
