@@ -134,12 +134,17 @@ def hdf5_shape(path: str | Path) -> tuple[int, int, int]:
     p = _hdf5_file(path)
     try:
         with h5py.File(p, "r") as f:
-            X = _stored_dataset(p, f, "X")
-            shape, itemsize = X.shape, X.dtype.itemsize
+            X, y = (_stored_dataset(p, f, key) for key in ("X", "y"))
+            shape, itemsize, labels = X.shape, X.dtype.itemsize, y.shape
     except (OSError, RuntimeError, ValueError, KeyError) as e:
         raise DataError(f"data file {str(p)!r} cannot be read: {e}") from None
     if len(shape) < 2:
         raise DataError(f"data file {str(p)!r}: X has shape {shape}, expected N x F with N, F >= 1")
+    if not labels or labels[0] != shape[0]:
+        raise DataError(
+            f"data file {str(p)!r}: X has {shape[0]} samples but y has shape {labels} "
+            "(length mismatch)"
+        )
     return int(shape[0]), math.prod(int(d) for d in shape[1:]), int(itemsize)
 
 

@@ -151,6 +151,7 @@ def run_sizes(cfg: Config, model: Any, dataset: Any) -> RunSizes:
         batch_size=cfg.data.batch_size,
         prefetch=cfg.data.prefetch,
         on_gpu=cfg.run.device != "cpu",
+        n_servers=cfg.cluster.servers,
     )
 
 

@@ -15,7 +15,8 @@ What each rank holds (P parameters of ``model.dtype``, N x F samples):
   train/test split's copies (``data_bytes``);
 * a learner: w, the communication buffer, the gradient and a staging buffer (4 P), the
   activations of one minibatch, and ``data.prefetch`` minibatch buffers;
-* a server shard: w, the accumulator, up to two optimizer states and a staging buffer (5 P);
+* a server shard: w, the accumulator, up to two optimizer states and a staging buffer of its
+  share of the blocks (5 P / S for S shards);
 * an aggregator: 4 P; the statistics server: 2 P and the activations of a 1024-sample test
   batch; the data server: the dataset only.
 
@@ -101,13 +102,16 @@ class RunSizes:
     batch_size: int
     prefetch: int
     on_gpu: bool
+    n_servers: int = 1  # a shard holds its share of the blocks only
+
 
     def rank_bytes(self, role: str) -> dict[str, int]:
         """The parts a rank of ``role`` holds, by what sets them."""
         copies = COPIES[role]
         if self.on_gpu and role in ("learner", "server", "aggregator"):
             copies = 1  # the model is on the device; one host staging copy
-        parts = {"model": copies * self.n_params * self.itemsize}
+        params = -(-self.n_params // self.n_servers) if role == "server" else self.n_params
+        parts = {"model": copies * params * self.itemsize}
         if role == "learner":
             parts["activations"] = self.batch_size * self.activations
             parts["prefetch"] = self.prefetch * self.batch_size * (4 * self.n_features + 8)

@@ -24,6 +24,7 @@ from pserver.wire import Header
 SPIN_TESTS = 64  # tests before the first sleep: a reply already on its way costs no sleep
 BACKOFF = 0.125  # each sleep is this share of the time waited so far (within poll_min..poll_max)
 LIVENESS_PERIOD = 1.0  # a wait this long checks, once per period, that no peer has died
+EXIT_GRACE = 1.0  # after an MPI error, how long a dying peer may take to show as ended
 PR_SET_TIMERSLACK = 29  # prctl(2)
 TIMER_SLACK_NS = 1000
 
@@ -82,8 +83,18 @@ class PeerLog:
         return f"{got[0]} at t={got[1]:.1f}s" if got else "nothing"
 
     def lost(self, what: str | None, error: BaseException | None = None) -> PeerLost:
-        """The error to raise when a peer died (``dead()``) or MPI failed while waiting."""
+        """The error to raise when a peer died (``dead()``) or MPI failed while waiting.
+
+        After an MPI error the dead peer may still be exiting (its memory already gone, which
+        is what the error says, its process not yet a zombie): it is looked for again for up
+        to ``EXIT_GRACE`` seconds before the report gives up naming it.
+        """
         dead = self.dead()
+        deadline = time.monotonic() + EXIT_GRACE
+        look = error is not None and self.roster is not None
+        while look and not dead and time.monotonic() < deadline:
+            time.sleep(0.01)  # bounded: the failure is certain, only its name is awaited
+            dead = self.dead()
         during = f" while waiting for {what}" if what else ""
         said = f" (MPI: {mpi_error_summary(error)})" if error is not None else ""
         if dead:
