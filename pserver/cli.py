@@ -103,6 +103,8 @@ def abort_message(error: BaseException, ctx) -> str:  # noqa: ANN001 - Context
     who = f"rank {ctx.rank} ({ctx.layout.describe(ctx.rank)}) on {socket.gethostname()}"
     if isinstance(error, MPI.Exception):  # outside a wait: which peer is unknown, ask the roster
         error = ctx.peers.lost(None, error)
+    if isinstance(error, PeerLost) and not error.named:  # maybe our own fault: say where
+        return f"pserver-run: {who}: {error}; aborting the job:\n{traceback.format_exc()}"
     if isinstance(error, RunError):
         return f"pserver-run: {who}: {error}; aborting the job"
     return f"pserver-run: {who} failed; aborting the job:\n{traceback.format_exc()}"

@@ -31,7 +31,15 @@ class Diverged(RunError):
 
 
 class PeerLost(RunError):
-    """A peer rank died (its process ended, or MPI reported a failed communication with it)."""
+    """A peer rank died (its process ended, or MPI reported a failed communication with it).
+
+    ``named``: the dead rank was identified; otherwise the MPI error may also be a fault of
+    this rank, and its traceback is worth printing.
+    """
+
+    def __init__(self, message: str, named: bool = True) -> None:
+        super().__init__(message)
+        self.named = named
 
 
 def diverged(loss: float, step: int, timestamps: dict[int, int], lr: float) -> Diverged:

@@ -110,7 +110,8 @@ class PeerLog:
         unknown = "every rank" if self.roster is None else "ranks on other nodes"
         return PeerLost(
             f"got an MPI error{during}{said}; no rank this one can check has ended ({unknown} "
-            f"cannot be checked from here); last received: {self.report()}"
+            f"cannot be checked from here); last received: {self.report()}",
+            named=False,
         )
 
 
