@@ -42,11 +42,17 @@ class PeerLost(RunError):
         self.named = named
 
 
-def diverged(loss: float, step: int, timestamps: dict[int, int], lr: float) -> Diverged:
-    """The error a learner raises when its training loss is not finite."""
+def diverged(
+    loss: float, step: int, timestamps: dict[int, int], bad_weights: int, lr: float
+) -> Diverged:
+    """The error a learner raises when its training loss is not finite; ``bad_weights`` is
+    how many of the weights it computed on are NaN or infinite."""
     held = ", ".join(f"block {b}: t={t}" for b, t in sorted(timestamps.items())[:4])
     more = ", ..." if len(timestamps) > 4 else ""
+    what = f"{bad_weights} of its weights are NaN or infinite" if bad_weights else (
+        "its weights are finite, the activations overflowed"
+    )
     return Diverged(
-        f"the training loss became {loss} at step {step} (weights of {held}{more}): the run "
-        f"diverged, its weights or activations overflowed; try a smaller optim.lr (now {lr:g})"
+        f"the training loss became {loss} at step {step} ({what}; weights of {held}{more}): "
+        f"the run diverged; try a smaller optim.lr (now {lr:g})"
     )

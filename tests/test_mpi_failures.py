@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 
 import numpy as np
@@ -127,6 +128,6 @@ def test_diverging_run_stops_with_one_line_naming_rank_and_step(tmp_path):
     )
     assert res.returncode != 0, res.output  # before: NaN weights, exit 0, no warning
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("pserver-run: rank")]
-    assert lines and "(learner 0)" in lines[0], res.output
+    assert lines and re.match(r"pserver-run: rank \d \(learner \d\) on \S+: ", lines[0]), res.output
     assert "the training loss became nan at step" in lines[0] and "smaller optim.lr" in lines[0]
     assert "Traceback" not in res.stderr

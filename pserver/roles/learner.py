@@ -124,7 +124,8 @@ class Learner:
         started = time.perf_counter()
         self.loss, self.error = self.model.loss_grad(self.w, X, y, self.grad)
         if not math.isfinite(self.loss):  # NaN or inf weights (or lr too large): stop now
-            raise diverged(self.loss, self.steps, self.have, self.cfg.optim.lr)
+            bad = int((~self.xp.isfinite(self.w)).sum())
+            raise diverged(self.loss, self.steps, self.have, bad, self.cfg.optim.lr)
         self.ctx.backend.synchronize()
         extra = self.extra_compute  # emulated accelerator work: the CPU idles
         if self.slow:  # an injected straggler also takes longer for its real compute
