@@ -121,12 +121,12 @@ def prepare(
                 'a GPU here: set run.device = "cpu" or comm.transport = "messages"'
             )
     model = build_model(cfg.model, dataset.n_features, dataset.n_classes, backend.xp)
-    budget.check_run(data_bytes, run_sizes(cfg, model, dataset), size_keys(cfg))
-    blocks = split_blocks(
+    blocks = split_blocks(  # sizes only: nothing allocated yet
         model.n_params, model.layer_sizes, cfg.blocks.split, cfg.blocks.count, cfg.cluster.servers
     )
-    if cfg.comm.transport == "shm":
+    if cfg.comm.transport == "shm":  # /dev/shm is the tighter limit of the two
         check_shared_memory(layout, blocks, nodes, model.dtype.itemsize)
+    budget.check_run(data_bytes, run_sizes(cfg, model, dataset), size_keys(cfg))
     if layout.role(rank) is Role.STATS:  # the rank that writes there; last, so that bad input
         check_out_dir(cfg.run.out_dir, DUMP_NAME, cfg.run.overwrite)  # creates no directory
     peers = peers if peers is not None else PeerLog()
