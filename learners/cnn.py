@@ -77,6 +77,14 @@ class CNN(Model):
             self.offsets.append(self.offsets[-1] + n)
         self.n_params = self.offsets[-1]
 
+    def activation_bytes(self) -> int:
+        """One sample's im2col matrices (and their gradients), feature maps and pooling
+        indices, counted twice for the backward pass's temporaries."""
+        s2, p2 = self.side * self.side, self.pooled * self.pooled
+        c1, c2 = self.channels
+        per_sample = s2 * (9 + 2 * c1 + 2) + p2 * (9 * c1 + 2 * c1 + 2 * c2 + 2)
+        return 2 * per_sample * self.dtype.itemsize
+
     def views(self, v: Any) -> list[Any]:
         """``[W1, b1, W2, b2, W3, b3]``: shaped views of the flat vector ``v``."""
         if v.shape != (self.n_params,):

@@ -17,6 +17,7 @@ import numpy as np
 
 from pserver.config import DataConfig
 from pserver.errors import ConfigError, DataError
+from pserver.limits import MAX_CLASSES, data_bytes
 
 
 @dataclass
@@ -45,6 +46,24 @@ def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
             f"data.batch_size = {cfg.batch_size}"
         )
     return ds
+
+
+def data_size(cfg: DataConfig) -> tuple[int, str]:
+    """Peak bytes one rank holds while loading the dataset (``pserver.limits.data_bytes``),
+    known before it is loaded, and what sets them (keys or file) for an error message."""
+    if cfg.source == "synthetic":
+        n, f, c = cfg.n_samples, cfg.n_features, cfg.n_classes
+        # rng.normal's float64 noise and the float64 centroids[y]: two 8-byte values per entry
+        return data_bytes(n, f, 16, c), f"data.n_samples = {n}, data.n_features = {f}"
+    if cfg.source == "hdf5":
+        total, files = 0, []
+        for path in (cfg.path, cfg.test_path):
+            if path:
+                n, f, raw = hdf5_shape(path)
+                total += data_bytes(n, f, raw)
+                files.append(f"{path!r} (X: {n} x {f} values of {raw} bytes)")
+        return total, f"data file {' and '.join(files)}"
+    return data_bytes(1797, 64, 8), "data.source = digits"
 
 
 def _digits(cfg: DataConfig, seed: int) -> Dataset:
@@ -99,25 +118,72 @@ def _hdf5(cfg: DataConfig, seed: int) -> Dataset:
 
 
 def read_hdf5(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """Read and validate datasets ``X`` (N x ..., numeric) and ``y`` (N labels >= 0)."""
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"data file {str(p)!r} does not exist or is not a file")
-    if not h5py.is_hdf5(p):
-        raise DataError(f"data file {str(p)!r} is not an HDF5 file")
+    """Read and validate datasets ``X`` (N x ..., numeric) and ``y`` (N labels in 0..C-1)."""
+    p = _hdf5_file(path)
     try:
         with h5py.File(p, "r") as f:
-            X, y = (_dataset_array(p, f, key) for key in ("X", "y"))
-    except OSError as e:
+            X, y = (np.asarray(_stored_dataset(p, f, key)[()]) for key in ("X", "y"))
+    except (OSError, RuntimeError, ValueError, KeyError) as e:
         raise DataError(f"data file {str(p)!r} cannot be read: {e}") from None
     return _check_X(p, X), _check_y(p, y, len(X))
 
 
-def _dataset_array(p: Path, f: h5py.File, key: str) -> np.ndarray:
-    if not isinstance(f.get(key), h5py.Dataset):
+def hdf5_shape(path: str | Path) -> tuple[int, int, int]:
+    """(N, F, bytes per stored value) of ``X`` in ``path``, from its metadata alone: what
+    reading the file will allocate is known before anything is read."""
+    p = _hdf5_file(path)
+    try:
+        with h5py.File(p, "r") as f:
+            X, y = (_stored_dataset(p, f, key) for key in ("X", "y"))
+            shape, itemsize, labels = X.shape, X.dtype.itemsize, y.shape
+    except (OSError, RuntimeError, ValueError, KeyError) as e:
+        raise DataError(f"data file {str(p)!r} cannot be read: {e}") from None
+    if len(shape) < 2:
+        raise DataError(f"data file {str(p)!r}: X has shape {shape}, expected N x F with N, F >= 1")
+    if not labels or labels[0] != shape[0]:
+        raise DataError(
+            f"data file {str(p)!r}: X has {shape[0]} samples but y has shape {labels} "
+            "(length mismatch)"
+        )
+    return int(shape[0]), math.prod(int(d) for d in shape[1:]), int(itemsize)
+
+
+def _hdf5_file(path: str | Path) -> Path:
+    p = Path(path)
+    if p.is_dir():
+        raise DataError(f"data file {str(p)!r} is a directory, expected an HDF5 file")
+    if not p.is_file():
+        raise DataError(f"data file {str(p)!r} does not exist or is not a file")
+    if not h5py.is_hdf5(p):
+        raise DataError(f"data file {str(p)!r} is not an HDF5 file")
+    return p
+
+
+def _stored_dataset(p: Path, f: h5py.File, key: str) -> h5py.Dataset:
+    """Dataset ``key`` stored in ``f`` itself.
+
+    External links, soft links, virtual datasets and external raw storage would make pserver
+    read other files than the one named in the config (any file the data file's author
+    chose), so they are refused before anything is followed.
+    """
+    link = f.get(key, getlink=True)
+    if link is None:
         found = ", ".join(sorted(f.keys())) or "nothing"
         raise DataError(f"data file {str(p)!r} has no dataset {key!r} (found: {found})")
-    return np.asarray(f[key][()])
+    if not isinstance(link, h5py.HardLink):
+        raise DataError(
+            f"data file {str(p)!r}: {key!r} is a {type(link).__name__}; pserver reads only "
+            "datasets stored in the file itself (no external or soft links)"
+        )
+    obj = f.get(key)
+    if not isinstance(obj, h5py.Dataset):
+        raise DataError(f"data file {str(p)!r}: {key!r} is a group, expected a dataset")
+    if obj.is_virtual or obj.external:
+        raise DataError(
+            f"data file {str(p)!r}: {key!r} is a virtual dataset or keeps its data in external "
+            "files; pserver reads only datasets stored in the file itself"
+        )
+    return obj
 
 
 def _check_X(p: Path, X: np.ndarray) -> np.ndarray:
@@ -133,12 +199,14 @@ def _check_X(p: Path, X: np.ndarray) -> np.ndarray:
         row = int(np.argmax(bad.any(axis=1)))
         raise DataError(
             f"data file {str(p)!r}: X has {int(bad.sum())} NaN or infinite values "
-            f"(first in sample {row})"
+            f"(first in sample {row}), or values beyond float32's range"
         )
     return X
 
 
 def _check_y(p: Path, y: np.ndarray, n: int) -> np.ndarray:
+    """Labels must be integers (any integer dtype, or floats with integer values) in
+    0..MAX_CLASSES-1; checked before the cast to int64, where 2**64-1 would become -1."""
     name = f"data file {str(p)!r}"
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
@@ -153,6 +221,11 @@ def _check_y(p: Path, y: np.ndarray, n: int) -> np.ndarray:
         raise DataError(f"{name}: y must hold integer class labels 0..C-1 (dtype {y.dtype})")
     if y.min() < 0:
         raise DataError(f"{name}: y has negative labels (min {y.min()}), expected 0..C-1")
+    if y.max() >= MAX_CLASSES:
+        raise DataError(
+            f"{name}: y has a label {y.max()}, expected class labels 0..C-1 with "
+            f"C <= {MAX_CLASSES:,} (the model has one output per class)"
+        )
     return y.astype(np.int64)
 
 

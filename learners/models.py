@@ -43,6 +43,10 @@ class Model:
         """Mean loss and error rate over a whole set, computed ``batch`` samples at a time."""
         raise NotImplementedError
 
+    def activation_bytes(self) -> int:
+        """Bytes one sample's forward and backward pass allocates (for the memory check)."""
+        return 0
+
 
 class MLP(Model):
     """Fully connected ReLU network with a softmax output and cross-entropy loss."""
@@ -57,6 +61,10 @@ class MLP(Model):
         for n in self.layer_sizes:
             self.offsets.append(self.offsets[-1] + n)
         self.n_params = self.offsets[-1]
+
+    def activation_bytes(self) -> int:
+        """Every layer's input kept for the backward pass, its delta and one temporary."""
+        return 3 * sum(self.widths) * self.dtype.itemsize
 
     def views(self, v: Any) -> list[tuple[Any, Any]]:
         """``[(W, b), ...]``: views of the flat vector ``v``, one pair per layer."""

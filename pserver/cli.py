@@ -1,9 +1,10 @@
 """``pserver-run CONFIG.toml [section.key=value ...]``: what every rank runs under mpiexec.
 
 Start-up is two-phase: every rank validates everything (config, rank count, dataset, output
-directory) and the ranks agree on the outcome before anyone trains, so bad input ends the job
-with one message and exit code 2 on every rank. After that, an exception on any rank aborts the
-whole job with a message naming the rank and host: never a hang.
+directory, memory) and the ranks agree on the outcome before anyone trains (``startup.agree``),
+so bad input ends the job with one message and exit code 2 on every rank, and any other failure
+while preparing with one message naming the rank and exit code 1. After that, an exception on
+any rank aborts the whole job with a message naming the rank and host: never a hang.
 """
 
 from __future__ import annotations
@@ -13,19 +14,35 @@ import socket
 import sys
 import time
 import traceback
+from typing import IO
 
 from pserver import __version__
-from pserver.config import load_config
-from pserver.errors import PserverError
+from pserver.comm.waiting import PeerLog, Waiter
+from pserver.config import CommConfig, load_config
+from pserver.errors import PeerLost, RunError
 from pserver.logs import setup_logging, wait_until_read
+from pserver.startup import agree, failure_message, outcome, status_of
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+class Parser(argparse.ArgumentParser):
+    """An argument parser that prints (usage, errors, --help, --version) on one rank only:
+    every rank parses the same command line and exits the same way, so the launcher would
+    otherwise print each message once per rank."""
+
+    quiet = False
+
+    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+        if not self.quiet:
+            super()._print_message(message, file)
+
+
+def parse_args(argv: list[str] | None, rank: int = 0) -> argparse.Namespace:
+    p = Parser(
         prog="pserver-run",
         description="Run one rank of a pserver job; launch every rank with mpiexec -n N.",
         epilog="example: mpiexec -n 7 pserver-run examples/quickstart.toml protocol.name=softsync",
     )
+    p.quiet = rank != 0
     p.add_argument("config", help="TOML config file (docs/config.md lists every key)")
     p.add_argument(
         "overrides",
@@ -38,44 +55,68 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
+    args = parse_args(argv, rank)  # same outcome on every rank: no agreement needed
     from pserver.context import local_rank, prepare
 
-    local, nodes = local_rank(world)  # collective: before anything that may fail on one rank
-    ctx, error = None, None
+    local, nodes, roster = local_rank(world)  # collective: before anything may fail on one rank
+    peers = PeerLog(roster)
+    log = setup_logging(rank, "starting")
+    ctx, error, comm = None, None, CommConfig()
     try:
         cfg = load_config(args.config, args.overrides)
+        comm = cfg.comm
         log = setup_logging(rank, "starting", cfg.run.log_level)
-        ctx = prepare(cfg, size, rank, log, local, nodes)
-    except PserverError as e:
-        error = str(e)
-    errors = world.allgather(error)  # tiny control data: every rank learns who failed
-    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
-    if failed:
-        if rank == failed[0][0]:
-            where = "" if len(failed) == size else f" (on rank {rank} of {size})"
-            print(f"pserver-run: error: {failed[0][1]}{where}", file=sys.stderr, flush=True)
-        return 2
+        ctx = prepare(cfg, size, rank, log, local, nodes, peers)
+    except BaseException as e:  # every failure must reach the agreement, or the others hang
+        error = e
+    waiter = Waiter(log, peers, comm.poll_min, comm.poll_max, comm.stall_timeout)
+    try:
+        statuses = agree(world, status_of(error), waiter)
+    except PeerLost as e:  # a rank died before the agreement: nobody can train
+        die(f"pserver-run: error: rank {rank} on {socket.gethostname()} {e}", world)
+        return 1  # not reached
+    code, speaks, suffix = outcome(statuses, rank)
+    if code:
+        if speaks:
+            assert error is not None
+            message = failure_message(error, rank, size)
+            print(f"pserver-run: error: {message}{suffix}", file=sys.stderr, flush=True)
+        return code
     assert ctx is not None
     try:
         run(ctx, world)
-    except BaseException:
-        print(
-            f"pserver-run: rank {rank} ({ctx.layout.describe(rank)}) on {socket.gethostname()} "
-            f"failed; aborting the job:\n{traceback.format_exc()}",
-            file=sys.stderr,
-            flush=True,
-        )
-        sys.stdout.flush()
-        wait_until_read(sys.stdout)
-        wait_until_read(sys.stderr)
-        world.Abort(1)
+    except BaseException as e:
+        die(abort_message(e, ctx), world)
         return 1  # not reached: Abort ends every rank
     return 0
+
+
+def abort_message(error: BaseException, ctx) -> str:  # noqa: ANN001 - Context
+    """What a rank says before aborting the job: one line for a failure whose message says
+    all (a lost peer, a diverged run), the traceback for anything else."""
+    from mpi4py import MPI
+
+    who = f"rank {ctx.rank} ({ctx.layout.describe(ctx.rank)}) on {socket.gethostname()}"
+    if isinstance(error, MPI.Exception):  # outside a wait: which peer is unknown, ask the roster
+        error = ctx.peers.lost(None, error)
+    if isinstance(error, PeerLost) and not error.named:  # maybe our own fault: say where
+        return f"pserver-run: {who}: {error}; aborting the job:\n{traceback.format_exc()}"
+    if isinstance(error, RunError):
+        return f"pserver-run: {who}: {error}; aborting the job"
+    return f"pserver-run: {who} failed; aborting the job:\n{traceback.format_exc()}"
+
+
+def die(message: str, world) -> None:  # noqa: ANN001 - MPI.Comm
+    """Print ``message``, make sure the launcher has read it, and abort every rank."""
+    print(message, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    wait_until_read(sys.stdout)
+    wait_until_read(sys.stderr)
+    world.Abort(1)
 
 
 def run(ctx, world) -> None:  # noqa: ANN001 - Context and MPI.Comm, imported lazily

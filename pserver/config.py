@@ -21,6 +21,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from pserver.errors import ConfigError
+from pserver.limits import MAX_CLASSES, MAX_POLL, MAX_SIZE_MIB
 
 if typing.TYPE_CHECKING:
     from pserver.inject import InjectPlan
@@ -206,20 +207,35 @@ NON_NEGATIVE = {
     "protocol.tau1",
     "protocol.s",
     "protocol.tau2",
+    "inject.fail_step",
 }
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read ``path`` (TOML), apply ``key=value`` overrides, validate, and return the config."""
+    try:
+        return _load(path, overrides)
+    except RecursionError:  # tomllib and repr recurse once per level of [[[...]]] or {a={...}}
+        raise ConfigError(
+            "the config nests tables or lists thousands of levels deep; every pserver key "
+            "takes a number, a string, a boolean or a flat list"
+        ) from None
+
+
+def _load(path: str | Path | None, overrides: list[str] | tuple[str, ...]) -> Config:
     raw: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"config file {str(p)!r} is a directory, expected a TOML file")
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist")
         try:
             raw = tomllib.loads(p.read_text())
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
+        except OSError as e:
+            raise ConfigError(f"config file {str(p)!r} cannot be read: {e.strerror}") from None
     for item in overrides:
         key, value = parse_override(item)
         section, _, name = key.partition(".")
@@ -374,6 +390,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(
             f"comm.poll_min = {cfg.comm.poll_min} exceeds comm.poll_max = {cfg.comm.poll_max}"
         )
+    validate_bounds(cfg)
     return cfg
 
 
@@ -418,6 +435,33 @@ def check_pull_timestamp(cfg: Config) -> None:
             "iteration, and the overlapped learners (and the bcast tree they need) tag each "
             "block with its own timestamp"
         )
+
+
+def validate_bounds(cfg: Config) -> None:
+    """Upper bounds: values no run needs, which would otherwise hang a job or overflow."""
+    if cfg.comm.poll_max > MAX_POLL:
+        raise ConfigError(
+            f"comm.poll_max = {cfg.comm.poll_max}: expected at most {MAX_POLL} s; a waiting "
+            "rank sleeps up to poll_max between tests, so every message it waits for can "
+            "arrive that much late (the default 1e-3 costs at most 1 ms per wait)"
+        )
+    if cfg.data.n_classes > MAX_CLASSES:
+        raise ConfigError(
+            f"data.n_classes = {cfg.data.n_classes}: expected at most {MAX_CLASSES:,}"
+        )
+    if cfg.model.size_mib > MAX_SIZE_MIB:
+        raise ConfigError(
+            f"model.size_mib = {cfg.model.size_mib}: expected at most {MAX_SIZE_MIB:.0f} MiB"
+        )
+    check_fail_learner(cfg)
+
+
+def check_fail_learner(cfg: Config, n_learners: int | None = None) -> None:
+    """inject.fail_learner is checked as inject.slow_learner is: a fault aimed at nobody
+    would otherwise pass silently (with ``n_learners``, also against the learners)."""
+    from pserver.inject import InjectPlan
+
+    InjectPlan.check_index("fail_learner", cfg.inject.fail_learner, n_learners, "learners")
 
 
 def inject_plan(cfg: Config) -> InjectPlan:

@@ -1,8 +1,8 @@
 """Everything a rank knows before training: validated config, layout, data, model, blocks.
 
 ``prepare`` runs on every rank and raises a ``PserverError`` for any bad input; the CLI makes
-the ranks agree on success before anyone starts training, so bad input never leaves one rank
-waiting on another that has already failed.
+the ranks agree on success before anyone starts training (``pserver.startup``), whatever a rank
+raised, so no failure leaves one rank waiting on another that has already failed.
 """
 
 from __future__ import annotations
@@ -14,10 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from pserver.comm.channels import Channels
+from pserver.comm.liveness import Roster, this_process
 from pserver.comm.records import RecordBuffer
 from pserver.comm.waiting import PeerLog, Waiter
-from pserver.config import Config, inject_plan
+from pserver.config import Config, check_fail_learner, inject_plan
 from pserver.errors import ConfigError
+from pserver.limits import NodeBudget, RunSizes, available_memory, check_blas_threads
+from pserver.outdir import check_out_dir
 from pserver.protocols import make_protocol
 from pserver.topology import Block, Layout, Role, make_layout, split_blocks
 
@@ -79,16 +82,20 @@ def prepare(
     log: logging.Logger,
     local: tuple[int, int] = (0, 1),
     nodes: list[int] | None = None,
+    peers: PeerLog | None = None,
+    available: int | None | bool = True,
 ) -> Context:
     """Validate every input that could stop the run later; identical work on every rank.
 
     No collective call happens here: a rank that fails must not leave the others inside one.
     ``local`` is this rank's (index, count) among the ranks of its node, for the GPU choice;
-    ``nodes`` the node of every rank, for placing a tree's leaf aggregators.
+    ``nodes`` the node of every rank, for placing a tree's leaf aggregators and the memory
+    check; ``peers`` the PeerLog (with the roster) the rank's waits will use; ``available``
+    the bytes the node may still allocate (True: ask the node; None: do not check).
     """
     from mpi4py import MPI
 
-    from learners.data import load_dataset
+    from learners.data import data_size, load_dataset
     from learners.models import build_model
     from pserver.backend import select_backend
 
@@ -97,6 +104,13 @@ def prepare(
     n_learners = len(layout.learners)
     make_protocol(cfg, n_learners)  # a protocol that cannot run with this λ fails here
     inject_plan(cfg).validate(len(layout.servers), n_learners)
+    check_fail_learner(cfg, n_learners)
+    check_blas_threads(cfg.run.blas_threads)
+    nodes = nodes or [0] * world_size
+    free = available_memory() if available is True else available
+    budget = node_budget(layout, nodes, rank, free or None)
+    data_bytes, data_what = data_size(cfg.data)
+    budget.check_data(data_bytes, data_what)
     dataset = load_dataset(cfg.data, cfg.run.seed)
     backend = select_backend("cpu", 0, 1)
     if layout.role(rank) in (Role.LEARNER, Role.SERVER):
@@ -107,19 +121,54 @@ def prepare(
                 'a GPU here: set run.device = "cpu" or comm.transport = "messages"'
             )
     model = build_model(cfg.model, dataset.n_features, dataset.n_classes, backend.xp)
-    blocks = split_blocks(
+    blocks = split_blocks(  # sizes only: nothing allocated yet
         model.n_params, model.layer_sizes, cfg.blocks.split, cfg.blocks.count, cfg.cluster.servers
     )
-    nodes = nodes or [0] * world_size
-    if cfg.comm.transport == "shm":
+    if cfg.comm.transport == "shm":  # /dev/shm is the tighter limit of the two
         check_shared_memory(layout, blocks, nodes, model.dtype.itemsize)
-    dump = Path(cfg.run.out_dir) / DUMP_NAME
-    if dump.exists() and not cfg.run.overwrite:
-        raise ConfigError(
-            f"{dump} already holds a dump: pass run.overwrite=true to replace it, or choose "
-            "another run.out_dir"
-        )
-    return Context(cfg, layout, rank, dataset, model, blocks, log, backend, nodes=nodes)
+    budget.check_run(data_bytes, run_sizes(cfg, model, dataset), size_keys(cfg))
+    if layout.role(rank) is Role.STATS:  # the rank that writes there; last, so that bad input
+        check_out_dir(cfg.run.out_dir, DUMP_NAME, cfg.run.overwrite)  # creates no directory
+    peers = peers if peers is not None else PeerLog()
+    peers.names = layout.describe
+    return Context(
+        cfg, layout, rank, dataset, model, blocks, log, backend, nodes=nodes, peers=peers
+    )
+
+
+def node_budget(layout: Layout, nodes: list[int], rank: int, available: int | None) -> NodeBudget:
+    """The memory of ``rank``'s node and the roles of the ranks placed on it."""
+    here = [r for r in range(layout.world_size) if nodes[r] == nodes[rank]]
+    return NodeBudget(available, [layout.role(r).value for r in here], rank)
+
+
+def run_sizes(cfg: Config, model: Any, dataset: Any) -> RunSizes:
+    return RunSizes(
+        n_params=model.n_params,
+        itemsize=model.dtype.itemsize,
+        activations=model.activation_bytes(),
+        n_features=dataset.n_features,
+        batch_size=cfg.data.batch_size,
+        prefetch=cfg.data.prefetch,
+        on_gpu=cfg.run.device != "cpu",
+        n_servers=cfg.cluster.servers,
+    )
+
+
+def size_keys(cfg: Config) -> dict[str, str]:
+    """For each part of the memory estimate, the keys that set it (the error names them)."""
+    m = cfg.model
+    model = {
+        "mlp": f"model.hidden = {m.hidden}",
+        "cnn": f"model.channels = {m.channels}",
+        "null": f"model.size_mib = {m.size_mib}",
+    }.get(m.kind, f"model.kind = {m.kind!r} (the data's features x classes)")
+    return {
+        "model": model,
+        "activations": f"data.batch_size = {cfg.data.batch_size} with {model}",
+        "prefetch": f"data.prefetch = {cfg.data.prefetch} (x data.batch_size = "
+        f"{cfg.data.batch_size})",
+    }
 
 
 # MPI_THREAD_SINGLE < FUNNELED < SERIALIZED < MULTIPLE: the standard fixes the order, the
@@ -172,16 +221,20 @@ def check_shared_memory(
         )
 
 
-def local_rank(comm: Any) -> tuple[tuple[int, int], list[int]]:
-    """This rank's (index, count) among the ranks of its node, and the node of every rank.
+def local_rank(comm: Any) -> tuple[tuple[int, int], list[int], Roster]:
+    """This rank's (index, count) among the ranks of its node, the node of every rank, and
+    the process of every rank (for naming a peer that died, :mod:`pserver.comm.liveness`).
 
-    Collective over ``comm``. A node is named by the lowest rank on it.
+    Collective over ``comm``, done before anything that can fail. A node is named by the
+    lowest rank on it.
     """
     from mpi4py import MPI
 
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
+        local = (node.Get_rank(), node.Get_size())
         leader = node.allreduce(comm.Get_rank(), op=MPI.MIN)
-        return (node.Get_rank(), node.Get_size()), comm.allgather(leader)
+        every = comm.allgather((leader, this_process()))
     finally:
         node.Free()
+    return local, [n for n, _ in every], Roster([p for _, p in every])

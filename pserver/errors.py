@@ -19,3 +19,40 @@ class DataError(PserverError):
 
 class BackendError(PserverError):
     """A device backend (e.g. CuPy on a GPU) that was asked for but cannot be used."""
+
+
+class RunError(Exception):
+    """A failure during training whose message says everything: the CLI prints it on one line
+    (no traceback), naming the rank and host, and aborts the job."""
+
+
+class Diverged(RunError):
+    """The training loss became NaN or infinite: the weights it was computed on are lost."""
+
+
+class PeerLost(RunError):
+    """A peer rank died (its process ended, or MPI reported a failed communication with it).
+
+    ``named``: the dead rank was identified; otherwise the MPI error may also be a fault of
+    this rank, and its traceback is worth printing.
+    """
+
+    def __init__(self, message: str, named: bool = True) -> None:
+        super().__init__(message)
+        self.named = named
+
+
+def diverged(
+    loss: float, step: int, timestamps: dict[int, int], bad_weights: int, lr: float
+) -> Diverged:
+    """The error a learner raises when its training loss is not finite; ``bad_weights`` is
+    how many of the weights it computed on are NaN or infinite."""
+    held = ", ".join(f"block {b}: t={t}" for b, t in sorted(timestamps.items())[:4])
+    more = ", ..." if len(timestamps) > 4 else ""
+    what = f"{bad_weights} of its weights are NaN or infinite" if bad_weights else (
+        "its weights are finite, the activations overflowed"
+    )
+    return Diverged(
+        f"the training loss became {loss} at step {step} ({what}; weights of {held}{more}): "
+        f"the run diverged; try a smaller optim.lr (now {lr:g})"
+    )

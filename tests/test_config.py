@@ -102,3 +102,50 @@ def test_thread_mode_refused_without_thread_multiple(provided):
     for mode in ("blocking", "nonblocking"):  # one thread calls MPI at a time: any level
         check_thread_level(mode, provided, LEVELS)
     check_thread_level("thread", 3, LEVELS)
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("comm.poll_max=1000", "comm.poll_max = 1000.0: expected at most 1.0 s"),
+        ("comm.poll_min=1000", "comm.poll_min = 1000.0 exceeds comm.poll_max"),
+        ("data.n_classes=100000000000", "data.n_classes = 100000000000: expected at most"),
+        ("model.size_mib=1e300", "model.size_mib = 1e+300: expected at most"),
+        ("inject.fail_learner=-5", "inject.fail_learner = -5: expected -1 (none)"),
+        ("inject.fail_step=-1", "inject.fail_step = -1: expected a value >= 0"),
+    ],
+)
+def test_bounds_refused(override, fragment):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert fragment in str(info.value)
+
+
+def test_fail_learner_checked_against_the_learners_like_slow_learner():
+    from pserver.config import check_fail_learner
+
+    cfg = load_config(None, ["inject.fail_learner=99"])
+    with pytest.raises(ConfigError, match=r"inject.fail_learner = 99: expected -1 \(none\) or one "
+                       r"of learners 0..3"):
+        check_fail_learner(cfg, 4)
+    check_fail_learner(load_config(None, ["inject.fail_learner=3"]), 4)
+
+
+def test_config_path_that_is_a_directory(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory, expected a TOML file"):
+        load_config(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "text", ["[run]\nname = " + "[" * 5000 + "]" * 5000, "[run]\nname = " + "{a=" * 5000 + "1"
+             + "}" * 5000, "[run]\n" + "name." * 5000 + "x = 1"],
+    ids=["lists", "inline-tables", "dotted-keys"],
+)
+def test_configs_nested_thousands_deep_get_one_line(tmp_path, text):
+    with pytest.raises(ConfigError, match="nests tables or lists thousands of levels deep"):
+        load_config(write(tmp_path, text))
+
+
+def test_override_nested_thousands_deep():
+    with pytest.raises(ConfigError, match="thousands of levels deep"):
+        load_config(None, ["model.hidden=" + "[" * 5000 + "]" * 5000])

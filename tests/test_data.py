@@ -193,3 +193,66 @@ def test_split_without_two_of_each_class_is_plain_and_impossible_splits_say_so()
     assert len(y_te) == 2 and len(y_tr) == 6
     with pytest.raises(DataError, match="cannot split 8 samples with test_fraction = 0.99"):
         _split("t", X, y, 0.99, seed=0)
+
+
+def hdf5_refused(path) -> str:
+    with pytest.raises(DataError) as info:
+        load_dataset(DataConfig(source="hdf5", path=str(path)), seed=0)
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    "labels, shown",
+    [
+        (np.full(20, 2**64 - 1, dtype=np.uint64), "18446744073709551615"),  # was cast to -1
+        (np.full(20, 1e20), "1e+20"),  # passed, then crashed the first test
+    ],
+)
+def test_huge_labels_are_refused_before_the_cast(tmp_path, labels, shown):
+    labels[:10] = 0
+    path = tmp_path / "d.h5"
+    write_hdf5_dataset(path, np.ones((20, 3), np.float32), labels)
+    msg = hdf5_refused(path)
+    assert f"y has a label {shown}" in msg and "C <= 16,777,216" in msg
+
+
+def test_links_and_virtual_datasets_are_not_followed(tmp_path):
+    import h5py
+
+    other = tmp_path / "other.h5"
+    write_hdf5_dataset(other, np.ones((20, 3), np.float32), np.arange(20) % 2)
+    linked = tmp_path / "linked.h5"
+    with h5py.File(linked, "w") as f:
+        f["X"] = h5py.ExternalLink(str(other), "/X")
+        f.create_dataset("y", data=np.arange(20) % 2)
+    assert "'X' is a ExternalLink" in hdf5_refused(linked)
+    soft = tmp_path / "soft.h5"
+    with h5py.File(soft, "w") as f:
+        f["g"] = h5py.ExternalLink(str(other), "/")
+        f["X"] = h5py.SoftLink("/g/X")
+        f.create_dataset("y", data=np.arange(20) % 2)
+    assert "'X' is a SoftLink" in hdf5_refused(soft)
+    virtual = tmp_path / "virtual.h5"
+    layout = h5py.VirtualLayout(shape=(20, 3), dtype=np.float32)
+    layout[:] = h5py.VirtualSource(str(other), "X", shape=(20, 3))
+    with h5py.File(virtual, "w") as f:
+        f.create_virtual_dataset("X", layout)
+        f.create_dataset("y", data=np.arange(20) % 2)
+    assert "'X' is a virtual dataset" in hdf5_refused(virtual)
+
+
+def test_declared_shape_is_known_without_reading(tmp_path):
+    import h5py
+
+    from learners.data import data_size
+
+    path = tmp_path / "huge.h5"
+    with h5py.File(path, "w") as f:  # chunked and never written: a few KiB on disk
+        f.create_dataset("X", shape=(10**9, 10**4), dtype=np.float64, chunks=(1, 1000))
+        f.create_dataset("y", shape=(10**9,), dtype=np.int64, chunks=(1000,))
+    need, what = data_size(DataConfig(source="hdf5", path=str(path)))
+    assert need >= 10**13 * 16 and "1000000000 x 10000 values of 8 bytes" in what
+
+
+def test_data_path_that_is_a_directory(tmp_path):
+    assert "is a directory, expected an HDF5 file" in hdf5_refused(tmp_path)

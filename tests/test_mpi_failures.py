@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 
 import numpy as np
@@ -106,3 +107,27 @@ def test_oversubscribed_ten_ranks_finish_and_every_learner_works(tmp_path):
     assert sorted(learners["learner"].tolist()) == list(range(7))
     assert np.all(learners["minibatches"] > 0)
     assert dump.attrs["finished"]
+
+
+def test_unusable_out_dir_is_refused_before_training(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("in the way")
+    line = fails(blocker / "run", 4)  # before: a traceback from the stats server, mid-run
+    assert "run.out_dir" in line and "a part of the path is a file" in line
+
+
+def test_fault_aimed_at_no_learner_is_refused(tmp_path):
+    line = fails(tmp_path / "run", 7, "inject.fail_learner=99")  # before: ignored, exit 0
+    assert "inject.fail_learner = 99: expected -1 (none) or one of learners 0..3" in line
+
+
+def test_diverging_run_stops_with_one_line_naming_rank_and_step(tmp_path):
+    res = run_job(
+        5, [str(QUICKSTART), f"run.out_dir={tmp_path}", "optim.lr=1e30", "run.epochs=2"],
+        timeout=60,
+    )
+    assert res.returncode != 0, res.output  # before: NaN weights, exit 0, no warning
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("pserver-run: rank")]
+    assert lines and re.match(r"pserver-run: rank \d \(learner \d\) on \S+: ", lines[0]), res.output
+    assert "the training loss became nan at step" in lines[0] and "smaller optim.lr" in lines[0]
+    assert "Traceback" not in res.stderr

@@ -17,10 +17,14 @@ from collections.abc import Callable, Sequence
 
 from mpi4py import MPI
 
+from pserver.comm.liveness import Roster
+from pserver.errors import PeerLost
 from pserver.wire import Header
 
 SPIN_TESTS = 64  # tests before the first sleep: a reply already on its way costs no sleep
 BACKOFF = 0.125  # each sleep is this share of the time waited so far (within poll_min..poll_max)
+LIVENESS_PERIOD = 1.0  # a wait this long checks, once per period, that no peer has died
+EXIT_GRACE = 1.0  # after an MPI error, how long a dying peer may take to show as ended
 PR_SET_TIMERSLACK = 29  # prctl(2)
 TIMER_SLACK_NS = 1000
 
@@ -40,12 +44,17 @@ def tighten_timer_slack() -> None:
 
 
 class PeerLog:
-    """What this rank last received from each peer, for the stall report."""
+    """What this rank last received from each peer, for the stall report; with a ``roster``
+    (the process of every rank, :mod:`pserver.comm.liveness`) also which peers have died, and
+    ``names`` says what a rank is ("server 0")."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, roster: Roster | None = None, names: Callable[[int], str] | None = None
+    ) -> None:
         self._lock = threading.Lock()
         self._last: dict[int, tuple[str, float]] = {}
         self._t0 = time.monotonic()
+        self.roster, self.names = roster, names
 
     def note(self, peer: int, what: Header | str) -> None:
         with self._lock:
@@ -57,6 +66,69 @@ class PeerLog:
         if not items:
             return "nothing received yet"
         return "; ".join(f"rank {p}: {w} at t={t:.1f}s" for p, (w, t) in items)
+
+    def dead(self) -> list[int]:
+        """Peers on this node whose process has ended (none known without a roster)."""
+        return self.roster.dead() if self.roster is not None else []
+
+    def name(self, rank: int) -> str:
+        parts = [self.names(rank)] if self.names is not None else []
+        if self.roster is not None:
+            parts.append(self.roster.where(rank))
+        return f"rank {rank} ({', '.join(parts)})" if parts else f"rank {rank}"
+
+    def last_from(self, rank: int) -> str:
+        with self._lock:
+            got = self._last.get(rank)
+        return f"{got[0]} at t={got[1]:.1f}s" if got else "nothing"
+
+    def lost(self, what: str | None, error: BaseException | None = None) -> PeerLost:
+        """The error to raise when a peer died (``dead()``) or MPI failed while waiting.
+
+        After an MPI error the dead peer may still be exiting (its memory already gone, which
+        is what the error says, its process not yet a zombie): it is looked for again for up
+        to ``EXIT_GRACE`` seconds before the report gives up naming it.
+        """
+        dead = self.dead()
+        deadline = time.monotonic() + EXIT_GRACE
+        look = error is not None and self.roster is not None
+        while look and not dead and time.monotonic() < deadline:
+            time.sleep(0.01)  # bounded: the failure is certain, only its name is awaited
+            dead = self.dead()
+        during = f" while waiting for {what}" if what else ""
+        said = f" (MPI: {mpi_error_summary(error)})" if error is not None else ""
+        if dead:
+            first = dead[0]
+            if len(dead) == 1:
+                who = f"lost {self.name(first)}, whose process has ended: it failed first"
+            else:
+                names = ", ".join(self.name(r) for r in dead)
+                who = f"lost {names}, whose processes have ended: one of them failed first"
+            return PeerLost(
+                f"{who}{during}{said}; last received from rank {first}: {self.last_from(first)}"
+            )
+        unknown = "every rank" if self.roster is None else "ranks on other nodes"
+        return PeerLost(
+            f"got an MPI error{during}{said}; no rank this one can check has ended ({unknown} "
+            f"cannot be checked from here); last received: {self.report()}",
+            named=False,
+        )
+
+
+def mpi_error_summary(error: BaseException) -> str:
+    """MPICH's error stack in one line: its class and the innermost cause.
+
+    ``Other MPI error, error stack:\ninternal_Test(109): MPI_Test(...) failed\n...
+    copy_iovs(224)...: process_vm_readv failed (errno 3)`` -> ``Other MPI error:
+    process_vm_readv failed (errno 3)``.
+    """
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    if not lines:
+        return type(error).__name__
+    head = lines[0].removesuffix(", error stack:")
+    causes = [ln.split(": ", 1)[1].strip() for ln in lines[1:] if ": " in ln]
+    causes = [c for c in causes if c]
+    return f"{head}: {causes[-1]}" if causes else head
 
 
 class Waiter:
@@ -76,19 +148,24 @@ class Waiter:
 
     def until(self, done: Callable[[], bool], what: Callable[[], str] | str) -> None:
         """Return once ``done()`` is true; sleep between checks so an idle rank stays idle."""
-        if done():
+        if self._test(done, what):
             return
         tighten_timer_slack()
         start = time.monotonic()
         next_report = start + self.stall_timeout
+        next_check = start + LIVENESS_PERIOD
         tests, now = 0, start
         try:
-            while not done():
+            while not self._test(done, what):
                 tests += 1
                 if tests < SPIN_TESTS:
                     continue
                 time.sleep(min(max(BACKOFF * (now - start), self.poll_min), self.poll_max))
                 now = time.monotonic()
+                if now >= next_check:  # a dead peer would leave this wait without an end
+                    next_check = now + LIVENESS_PERIOD
+                    if self.peers.dead():
+                        raise self.peers.lost(what() if callable(what) else what)
                 if now >= next_report:
                     text = what() if callable(what) else what
                     self.log.warning(
@@ -100,6 +177,13 @@ class Waiter:
                     next_report = now + self.stall_timeout
         finally:
             self.waited += time.monotonic() - start
+
+    def _test(self, done: Callable[[], bool], what: Callable[[], str] | str) -> bool:
+        """``done()``, with an MPI failure turned into :class:`PeerLost` naming the peer."""
+        try:
+            return done()
+        except MPI.Exception as e:
+            raise self.peers.lost(what() if callable(what) else what, e) from e
 
     def wait(self, request: MPI.Request, what: Callable[[], str] | str) -> MPI.Status:
         status = MPI.Status()

@@ -16,6 +16,7 @@ in ``pserver/protocols/rounds.py``.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -24,6 +25,7 @@ from mpi4py import MPI
 from pserver.comm.payload import Payloads
 from pserver.config import inject_plan, pull_timestamp
 from pserver.context import Context
+from pserver.errors import diverged
 from pserver.partial_pull import PartialPull, PullRule
 from pserver.protocols import make_protocol
 from pserver.roles.prefetch import Prefetcher
@@ -135,6 +137,9 @@ class Learner:
             raise RuntimeError(f"failure injected at step {self.steps} (inject.fail_learner)")
         started = time.perf_counter()
         self.loss, self.error = self.model.loss_grad(self.w, X, y, self.grad)
+        if not math.isfinite(self.loss):  # NaN or inf weights (or lr too large): stop now
+            bad = int((~self.xp.isfinite(self.w)).sum())
+            raise diverged(self.loss, self.steps, self.have, bad, self.cfg.optim.lr)
         self.ctx.backend.synchronize()
         extra = self.extra_compute  # emulated accelerator work: the CPU idles
         if self.slow:  # an injected straggler also takes longer for its real compute
