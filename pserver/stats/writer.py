@@ -168,9 +168,14 @@ class StatsWriter:
     def replace_dataset(self, name: str, data: np.ndarray, **attrs: Any) -> None:
         """Write ``data`` as dataset ``name``, replacing an older one (the kept model)."""
         with self._guard("write"):
-            if name in self.file:
-                del self.file[name]
-            self.file.create_dataset(name, data=data).attrs.update(attrs)
+            ds = self.file.get(name)
+            if ds is not None and ds.shape == data.shape and ds.dtype == data.dtype:
+                ds[...] = data  # in place: the file does not grow by a model per test
+            else:
+                if ds is not None:
+                    del self.file[name]
+                ds = self.file.create_dataset(name, data=data)
+            ds.attrs.update(attrs)
 
     def maybe_flush(self) -> None:
         """Flush if the flush interval (stretched by slow copies, see above) has passed."""
