@@ -3,7 +3,7 @@
     python scripts/bench_stats_freeze.py [-n 7] [--after 3] [--freeze 10] [-- OVERRIDES...]
 
 Runs ``examples/quickstart.toml`` (with OVERRIDES) under mpiexec, stops the statistics rank
-(rank = cluster.servers, found by Hydra's PMI_RANK) ``--after`` seconds after launch for
+(rank = cluster.servers, found by Hydra's PMI_RANK) ``--after`` seconds after it appears, for
 ``--freeze`` seconds, and prints from the dump: the longest pause between two consecutive
 updates of shard 0, and the updates per second before, during and after the freeze (update
 times of the dump are seconds since the run's start; the freeze's place among them is taken
@@ -46,9 +46,10 @@ def main() -> None:
         launched = time.monotonic()
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
         try:
+            while (pid := rank_pid(proc.pid, args.stats_rank)) is None:
+                assert proc.poll() is None, "the run ended before its statistics rank was found"
+                time.sleep(0.05)
             time.sleep(args.after)
-            pid = rank_pid(proc.pid, args.stats_rank)
-            assert pid is not None, "statistics rank not found"
             os.kill(pid, signal.SIGSTOP)
             stopped = time.monotonic() - launched
             time.sleep(args.freeze)

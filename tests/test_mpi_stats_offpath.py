@@ -29,7 +29,7 @@ from pserver.stats.reader import load_dump
 from tests.mpirun import QUICKSTART, ROOT, mpiexec
 
 TIMEOUT = 180.0
-EPOCHS = 6
+EPOCHS = 12  # more than the snapshot queue (8 for this model) + the one in flight + the final
 STATS_RANK = 1  # one server: rank 0 is the shard, rank 1 the statistics server
 
 
@@ -130,7 +130,7 @@ def test_training_goes_on_while_the_stats_server_is_stopped(tmp_path):
         str(QUICKSTART), f"run.out_dir={tmp_path}", f"run.epochs={EPOCHS}",
         "model.hidden=[256]",  # snapshots above MPICH's eager size: they need the receiver
         # a learner holds its rows till the end (flush_interval) and each learner computes
-        # > 6 x 21 minibatches, so the bounded buffer must drop some: deterministically
+        # > 12 x 21 minibatches, so the bounded buffer must drop some: deterministically
         "comm.stall_timeout=1", "stats.buffer_rows=50", "stats.flush_interval=60",
     ])
     stopped = False
@@ -172,3 +172,11 @@ def test_training_goes_on_while_the_stats_server_is_stopped(tmp_path):
         kept = int(np.sum(train["learner"] == lid))
         lost = dropped.get(str(ranks[lid]), {}).get("train", 0)
         assert lost > 0 and kept + lost == learners["minibatches"][i], (lid, kept, lost)
+
+
+def test_snapshot_queue_is_bounded_by_bytes():
+    from pserver.roles.server import SNAPSHOT_QUEUE_MAX, snapshot_queue
+
+    assert snapshot_queue(150_000) == SNAPSHOT_QUEUE_MAX  # small models: the most
+    assert snapshot_queue(16 << 20) == 4  # 4 x 16 MiB = 64 MiB
+    assert snapshot_queue(1 << 30) == 1  # a large shard still queues one

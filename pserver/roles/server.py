@@ -26,7 +26,17 @@ from pserver.protocols import Arrival, Protocol, UpdateDecision, make_protocol
 from pserver.topology import Block
 from pserver.wire import Header, Reply, Tag, WireError, header_buffer, reply_aux, reply_tag
 
-SNAPSHOT_QUEUE = 2  # model snapshots a block holds while one is on its way to statistics
+# model snapshots a block may queue while one is on its way to statistics: as many as fit in
+# SNAPSHOT_QUEUE_BYTES of host copies per shard, between 1 and SNAPSHOT_QUEUE_MAX
+SNAPSHOT_QUEUE_MAX = 8
+SNAPSHOT_QUEUE_BYTES = 64 << 20
+
+
+def snapshot_queue(shard_bytes: int) -> int:
+    """Queued snapshots per block for a shard of ``shard_bytes``: 8 for small models, one for a
+    model whose shard exceeds 64 MiB (a tiny model's epochs end faster than a loaded
+    statistics server tests them; a large one's take long enough for one to be plenty)."""
+    return max(1, min(SNAPSHOT_QUEUE_MAX, SNAPSHOT_QUEUE_BYTES // max(shard_bytes, 1)))
 
 
 @dataclass
@@ -82,6 +92,7 @@ class ServerShard:
         self.payloads = Payloads(ctx.backend, mine, weights.dtype, self.cfg.comm.staging)
         self.handlers = {Tag.PUSH: self.on_push, Tag.PULL: self.on_pull, Tag.BYE: self.on_bye}
         self.first_block = min(self.blocks)
+        self.snapshot_depth = snapshot_queue(sum(st.snapshot.nbytes for st in self.blocks.values()))
         self.dropped_after_stop = 0
         self.bytes_in = self.bytes_out = 0
         self.plan = inject_plan(self.cfg)
@@ -366,11 +377,12 @@ class ServerShard:
         """Copy the block for the test at an epoch end; the sends overlap later updates.
 
         Never waits for the statistics server: while the previous snapshot of the block is
-        still on its way, this one waits in a queue of ``SNAPSHOT_QUEUE`` host copies; with
+        still on its way, this one waits in a queue of ``snapshot_queue()`` host copies; with
         the queue full, this epoch's snapshot is skipped (counted here, and the statistics
         server records the untested epoch). The final snapshot is never skipped: ``finish``
         sends it after the others, as the block no longer changes once training is over.
-        Host memory: at most ``SNAPSHOT_QUEUE + 1`` copies of the shard's blocks.
+        Host memory: at most 64 MiB of queued copies per shard (or one copy of a larger
+        shard), plus the snapshot in flight.
         """
         self.records.send()  # the progress line at this epoch then shows current staleness
         self.advance_snapshots(st)
@@ -379,7 +391,7 @@ class ServerShard:
             self.post_snapshot(st, epoch, st.ts, st.snapshot)
         elif self.samples_used(st) >= self.total_samples:
             st.final_epoch = epoch
-        elif len(st.queued) < SNAPSHOT_QUEUE:
+        elif len(st.queued) < self.snapshot_depth:
             buf = st.spare.pop() if st.spare else np.empty_like(st.snapshot)
             self.ctx.backend.copy_to_host(st.w, buf)
             st.queued.append((epoch, st.ts, buf))

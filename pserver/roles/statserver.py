@@ -196,7 +196,7 @@ class StatsServer:
             loss=np.array([loss]),
             error=np.array([error]),
         )
-        self.writer.flush()
+        self.writer.maybe_flush()  # a flush per test would rewrite the dump every epoch
         mean = self.sigma_sum / self.sigma_n if self.sigma_n else 0.0
         if self.cfg.stats.progress:
             self.ctx.log.info(
