@@ -70,6 +70,9 @@ class Comm:
     def __init__(self) -> None:
         self.sent: list[tuple[bytes, Request]] = []
 
+    def Issend(self, buf, dest, tag):  # noqa: N802, ANN001, ANN201
+        return self.Isend(buf, dest, tag)
+
     def Isend(self, buf, dest, tag):  # noqa: N802, ANN001, ANN201
         req = Request()
         self.sent.append((bytes(buf[0] if isinstance(buf, list) else buf), req))

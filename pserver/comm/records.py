@@ -5,7 +5,14 @@ Rows are small scalars (timestamps, losses, timings). They are batched and sent 
 
 Statistics are off the critical path: a rank never waits for the statistics server while it
 trains. A batch is encoded to JSON bytes here (:func:`encode`; a safe format, nothing is
-unpickled) and goes by a non-blocking ``Isend``; at most ``MAX_SENDS`` batches are in flight.
+unpickled) and goes by a non-blocking synchronous send (``Issend``); at most ``MAX_SENDS``
+batches are in flight. Synchronous, because a plain ``Isend`` of a small message completes as
+soon as MPI has copied it into its eager buffers: against a stopped statistics server the
+batches then pile up there, and MPICH's shared-memory transport draws every destination's
+eager messages from one pool of cells per rank, so once the statistics traffic has taken them
+all the rank's gradients and weights stop too (a 10 s SIGSTOP of the statistics server paused
+quickstart updates for 4.6 s that way). An ``Issend`` completes only once the statistics
+server has matched it, so the bound on batches in flight also bounds the cells they hold.
 The rows held by a rank, buffered or in flight, are bounded by ``max_rows``
 (``stats.buffer_rows``): while the statistics server lags so far behind, new rows are dropped,
 counted per group, logged (once when it starts, once with the counts at the end) and reported
@@ -214,7 +221,7 @@ class RecordBuffer:
             return
         rows = {g: dict(cols) for g, cols in self._rows.items()}
         data = encode(rows, self._clocks, dict(self.budget.dropped))
-        req = self.comm.Isend([data, MPI.BYTE], dest=self.stats_rank, tag=Tag.RECORDS)
+        req = self.comm.Issend([data, MPI.BYTE], dest=self.stats_rank, tag=Tag.RECORDS)
         self._sending.append((req, data, self._n_rows))
         self._rows.clear()
         self._clocks = []

@@ -412,9 +412,11 @@ class ServerShard:
             st.snapshot_hdr = header_buffer()[0]
         Header(Tag.MODEL, st.block.index, ts, self.ctx.rank, epoch).pack(st.snapshot_hdr)
         stats = self.ctx.layout.stats
+        # synchronous: "in flight" means not yet matched, so the queue bounds what MPI holds
+        # for the statistics server too (see pserver.comm.records on MPICH's eager cells)
         st.snapshot, st.snapshot_reqs = buf, [
-            self.ch.stats.Isend(st.snapshot_hdr, stats, Tag.MODEL),
-            self.ch.stats.Isend(buf, stats, Tag.MODEL),
+            self.ch.stats.Issend(st.snapshot_hdr, stats, Tag.MODEL),
+            self.ch.stats.Issend(buf, stats, Tag.MODEL),
         ]
 
     def drain_snapshots(self, st: BlockState) -> None:
