@@ -389,7 +389,7 @@ class ServerShard:
         if not st.snapshot_reqs:
             self.ctx.backend.copy_to_host(st.w, st.snapshot)
             self.post_snapshot(st, epoch, st.ts, st.snapshot)
-        elif self.samples_used(st) >= self.total_samples:
+        elif epoch >= self.cfg.run.epochs:
             st.final_epoch = epoch
         elif len(st.queued) < self.snapshot_depth:
             buf = st.spare.pop() if st.spare else np.empty_like(st.snapshot)
