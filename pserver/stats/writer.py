@@ -29,9 +29,9 @@ close), so the image of a flush is a complete dump. Two choices keep it readable
   closing it then refuses to open at all ("file is already open for write ... use h5clear").
   SWMR mode would avoid that but needs every reader to open with ``swmr=True`` and is meant for
   a fixed set of datasets, whereas this writer creates datasets lazily.
-* chunks are stored uncompressed, so a chunk rewritten after a flush is rewritten in place; a
-  filtered chunk changes size and moves, and the space HDF5 frees may be reused before the next
-  flush while the on-disk metadata still points at it.
+* chunks are stored uncompressed, so a chunk rewritten by a later append is rewritten in
+  place; a filtered chunk changes size and moves, leaving holes that every flush's image
+  would carry.
 """
 
 from __future__ import annotations
