@@ -132,6 +132,7 @@ class InjectConfig:
 @dataclass
 class StatsConfig:
     flush_interval: float = 2.0
+    buffer_rows: int = 50_000  # statistics rows a rank holds for a lagging stats server
     test_every: int = 1  # epochs between model tests at the statistics server
     progress: bool = True
 
@@ -188,6 +189,7 @@ POSITIVE = {
     "comm.poll_max",
     "comm.switch_interval",
     "stats.flush_interval",
+    "stats.buffer_rows",
     "stats.test_every",
     "cluster.servers",
 }

@@ -69,7 +69,10 @@ class Context:
 
     def records(self) -> RecordBuffer:
         assert self.channels is not None
-        return RecordBuffer(self.channels.stats, self.layout.stats, self.cfg.stats.flush_interval)
+        s = self.cfg.stats
+        return RecordBuffer(
+            self.channels.stats, self.layout.stats, s.flush_interval, s.buffer_rows, self.log
+        )
 
     def blocks_of(self, shard: int) -> list[Block]:
         return [b for b in self.blocks if b.shard == shard]

@@ -220,5 +220,5 @@ class Aggregator:
             bytes_in=self.bytes_in, bytes_out=self.bytes_out, wait_time=self.waiter.waited,
             **self.records.usage(),
         )
-        self.records.send()
-        self.ch.stats.Send(bye, self.ctx.layout.stats, Tag.BYE)
+        self.records.close(self.waiter)
+        self.records.bye(bye, Tag.BYE, self.waiter)

@@ -300,5 +300,5 @@ class Learner:
             / max(self.compute_time + self.pull_time + self.push_time, 1e-12),
             **self.records.usage(),
         )
-        self.records.send()
-        self.ch.stats.Send(bye, self.ctx.layout.stats, Tag.BYE)
+        self.records.close(self.waiter)
+        self.records.bye(bye, Tag.BYE, self.waiter)

@@ -35,6 +35,18 @@ from pserver.wire import (
     reply_tag,
 )
 
+# model snapshots a block may queue while one is on its way to statistics: as many as fit in
+# SNAPSHOT_QUEUE_BYTES of host copies per shard, between 1 and SNAPSHOT_QUEUE_MAX
+SNAPSHOT_QUEUE_MAX = 8
+SNAPSHOT_QUEUE_BYTES = 64 << 20
+
+
+def snapshot_queue(shard_bytes: int) -> int:
+    """Queued snapshots per block for a shard of ``shard_bytes``: 8 for small models, one for a
+    model whose shard exceeds 64 MiB (a tiny model's epochs end faster than a loaded
+    statistics server tests them; a large one's take long enough for one to be plenty)."""
+    return max(1, min(SNAPSHOT_QUEUE_MAX, SNAPSHOT_QUEUE_BYTES // max(shard_bytes, 1)))
+
 
 @dataclass
 class BlockState:
@@ -60,7 +72,12 @@ class BlockState:
     next_epoch: int = 1
     waiting_pulls: list[Header] = field(default_factory=list)
     inflight: list[MPI.Request] = field(default_factory=list)  # sends reading ``w``
-    snapshot_req: MPI.Request | None = None
+    snapshot_reqs: list[MPI.Request] = field(default_factory=list)  # header and payload
+    snapshot_hdr: Any = None  # the header those sends read
+    queued: list[tuple[int, int, Any]] = field(default_factory=list)  # (epoch, ts, host copy)
+    spare: list[Any] = field(default_factory=list)  # host buffers for queued snapshots
+    final_epoch: int = 0  # the final snapshot, deferred to ``finish`` behind the others
+    skipped_snapshots: int = 0
 
 
 class ServerShard:
@@ -84,6 +101,7 @@ class ServerShard:
         self.payloads = Payloads(ctx.backend, mine, weights.dtype, self.cfg.comm.staging)
         self.handlers = {Tag.PUSH: self.on_push, Tag.PULL: self.on_pull, Tag.BYE: self.on_bye}
         self.first_block = min(self.blocks)
+        self.snapshot_depth = snapshot_queue(sum(st.snapshot.nbytes for st in self.blocks.values()))
         self.dropped_after_stop = 0
         self.bytes_in = self.bytes_out = 0
         self.plan = inject_plan(self.cfg)
@@ -259,6 +277,8 @@ class ServerShard:
             final = samples >= self.total_samples
             if final or epoch % self.cfg.stats.test_every == 0:
                 self.send_snapshot(st, epoch)
+        if st.queued:
+            self.advance_snapshots(st)
         if samples >= self.total_samples:
             st.done = True
         self.answer_waiting(st)
@@ -366,14 +386,62 @@ class ServerShard:
         self.records.add_clock(d.vector_clock)
 
     def send_snapshot(self, st: BlockState, epoch: int) -> None:
-        """Copy the block for the test at an epoch end; the send overlaps later updates."""
+        """Copy the block for the test at an epoch end; the sends overlap later updates.
+
+        Never waits for the statistics server: while the previous snapshot of the block is
+        still on its way, this one waits in a queue of ``snapshot_queue()`` host copies; with
+        the queue full, this epoch's snapshot is skipped (counted here, and the statistics
+        server records the untested epoch). The final snapshot is never skipped: ``finish``
+        sends it after the others, as the block no longer changes once training is over.
+        Host memory: at most 64 MiB of queued copies per shard (or one copy of a larger
+        shard), plus the snapshot in flight.
+        """
         self.records.send()  # the progress line at this epoch then shows current staleness
-        if st.snapshot_req is not None:
-            self.waiter.wait(st.snapshot_req, "the previous model snapshot to reach stats")
-        self.ctx.backend.copy_to_host(st.w, st.snapshot)
-        hdr = Header(Tag.MODEL, st.block.index, st.ts, self.ctx.rank, epoch).pack(self.out[0])
-        self.ch.stats.Send(hdr, self.ctx.layout.stats, Tag.MODEL)
-        st.snapshot_req = self.ch.stats.Isend(st.snapshot, self.ctx.layout.stats, Tag.MODEL)
+        self.advance_snapshots(st)
+        if not st.snapshot_reqs:
+            self.ctx.backend.copy_to_host(st.w, st.snapshot)
+            self.post_snapshot(st, epoch, st.ts, st.snapshot)
+        elif epoch >= self.cfg.run.epochs:
+            st.final_epoch = epoch
+        elif len(st.queued) < self.snapshot_depth:
+            buf = st.spare.pop() if st.spare else np.empty_like(st.snapshot)
+            self.ctx.backend.copy_to_host(st.w, buf)
+            st.queued.append((epoch, st.ts, buf))
+        else:
+            st.skipped_snapshots += 1
+
+    def advance_snapshots(self, st: BlockState) -> None:
+        """Post the next queued snapshot once the one in flight has arrived (never waits)."""
+        if st.snapshot_reqs and MPI.Request.Testall(st.snapshot_reqs):
+            st.snapshot_reqs = []
+        if st.queued and not st.snapshot_reqs:
+            st.spare.append(st.snapshot)
+            epoch, ts, buf = st.queued.pop(0)
+            self.post_snapshot(st, epoch, ts, buf)
+
+    def post_snapshot(self, st: BlockState, epoch: int, ts: int, buf: Any) -> None:
+        if st.snapshot_hdr is None:
+            st.snapshot_hdr = header_buffer()[0]
+        Header(Tag.MODEL, st.block.index, ts, self.ctx.rank, epoch).pack(st.snapshot_hdr)
+        stats = self.ctx.layout.stats
+        # synchronous: "in flight" means not yet matched, so the queue bounds what MPI holds
+        # for the statistics server too (see pserver.comm.records on MPICH's eager cells)
+        st.snapshot, st.snapshot_reqs = buf, [
+            self.ch.stats.Issend(st.snapshot_hdr, stats, Tag.MODEL),
+            self.ch.stats.Issend(buf, stats, Tag.MODEL),
+        ]
+
+    def drain_snapshots(self, st: BlockState) -> None:
+        """End of the run: every queued snapshot, then the final one (waiting is fine now)."""
+        what = "the statistics server to take a model snapshot"
+        while st.queued:
+            self.waiter.waitall(st.snapshot_reqs, what)
+            self.advance_snapshots(st)
+        if st.final_epoch:
+            self.waiter.waitall(st.snapshot_reqs, what)
+            self.ctx.backend.copy_to_host(st.w, st.snapshot)
+            self.post_snapshot(st, st.final_epoch, st.ts, st.snapshot)
+        self.waitall(st.snapshot_reqs, what)
 
     def waitall(self, reqs: list[MPI.Request], what: str) -> None:
         self.waiter.waitall(reqs, what)
@@ -382,8 +450,7 @@ class ServerShard:
     def finish(self) -> None:
         for st in self.blocks.values():
             self.waitall(st.inflight, "weight sends to drain")
-            if st.snapshot_req is not None:
-                self.waiter.wait(st.snapshot_req, "the last model snapshot to reach stats")
+            self.drain_snapshots(st)
         self.records.add(
             "servers",
             shard=self.shard,
@@ -392,6 +459,7 @@ class ServerShard:
             wait_time=self.waiter.waited,
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
+            skipped_snapshots=sum(st.skipped_snapshots for st in self.blocks.values()),
             **self.records.usage(),
         )
         for st in self.blocks.values():
@@ -399,6 +467,6 @@ class ServerShard:
                 "blocks", block=st.block.index, shard=self.shard, timestamp=st.ts,
                 applied=st.applied, dropped=st.dropped, size=st.block.size,
             )
-        self.records.send()
+        self.records.close(self.waiter)
         hdr = Header(Tag.SERVER_BYE, -1, -1, self.ctx.rank).pack(self.out[0])
-        self.ch.stats.Send(hdr, self.ctx.layout.stats, Tag.SERVER_BYE)
+        self.records.bye(hdr, Tag.SERVER_BYE, self.waiter)

@@ -1,9 +1,22 @@
 """Statistics server: collects what every rank reports, tests the model at epoch ends, and
-writes the HDF5 dump as the run goes (flushed every ``stats.flush_interval`` seconds)."""
+writes the HDF5 dump as the run goes (published every ``stats.flush_interval`` seconds).
+
+Nothing waits for this rank while training: rows come as non-blocking JSON batches
+(``pserver.comm.records``) and model snapshots as non-blocking sends that a shard skips while
+its previous one is still in flight. Hence a block may be missing from an epoch's snapshot:
+because a shard sends its snapshots of a block in epoch order and MPI does not let messages
+from one sender on one tag overtake each other, a block of epoch ``e`` that arrives while an
+older epoch still lacks that block proves the older epoch's test was skipped; that epoch is
+dropped (``skipped_tests`` row) instead of waiting forever. The final epoch is never skipped.
+
+A dump that cannot be written (disk full, I/O error) ends the run: one error line, and the
+dump stays as it was at its last complete flush (see ``pserver.stats.writer``).
+"""
 
 from __future__ import annotations
 
 import socket
+import sys
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -12,14 +25,15 @@ import numpy as np
 from mpi4py import MPI
 
 from pserver import __version__
+from pserver.comm.records import decode
 from pserver.context import Context
-from pserver.stats.writer import StatsWriter
+from pserver.stats.writer import DumpWriteError, StatsWriter
 from pserver.wire import Header, Tag, WireError, header_buffer
 
 #: dtype of every column the ranks report (schema in docs/stats.md)
 INT32 = {
     "shard", "learner", "staleness", "n_gradients", "block", "dropped_blocks", "aggregator",
-    "rank",
+    "rank", "blocks_received", "skipped_snapshots",
 }
 INT64 = {
     "timestamp",
@@ -54,6 +68,9 @@ class StatsServer:
         self.hbuf = header_buffer()
         self.models: dict[int, tuple[np.ndarray, set[int], int]] = {}
         self.sigma_sum = self.sigma_n = self.sigma_max = 0
+        self.dropped: dict[int, dict[str, int]] = {}  # rank -> group -> rows it dropped
+        self.tested: set[int] = set()
+        self.skipped: set[int] = set()
         self.writer = StatsWriter(ctx.dump_path, self.attrs(), self.cfg.stats.flush_interval)
         self.handlers = {
             Tag.RECORDS: self.on_records,
@@ -77,42 +94,75 @@ class StatsServer:
 
     def run(self) -> None:
         self.ctx.log.info("writing %s", self.ctx.dump_path)
-        with self.writer:
-            while self.live:
-                # a matched probe (Waiter.probe): each handler receives the message it is given
-                msg, status = self.waiter.probe(
-                    self.comm, lambda: f"reports from ranks {sorted(self.live)}"
-                )
-                tag = status.Get_tag()
-                handler = self.handlers.get(tag)  # type: ignore[call-overload]
-                if handler is None:
-                    raise WireError(
-                        f"stats server got unknown tag {tag} from {status.Get_source()}"
-                    )
-                handler(msg, status.Get_source())
-                self.writer.maybe_flush()
-            self.writer.set_attrs(
-                "/",
-                finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                wall_time=self.ctx.now(),
-            )
+        try:
+            with self.writer:
+                self.serve()
+        except DumpWriteError as exc:
+            self.fail(exc)
         self.ctx.log.info("dump written to %s", self.ctx.dump_path)
 
-    def on_records(self, msg: MPI.Message, source: int) -> None:
-        rows = msg.recv()
+    def serve(self) -> None:
+        while self.live:
+            # a matched probe (Waiter.probe): each handler receives the message it is given
+            msg, status = self.waiter.probe(
+                self.comm, lambda: f"reports from ranks {sorted(self.live)}"
+            )
+            tag = status.Get_tag()
+            handler = self.handlers.get(tag)  # type: ignore[call-overload]
+            if handler is None:
+                raise WireError(f"stats server got unknown tag {tag} from {status.Get_source()}")
+            handler(msg, status)
+            self.writer.maybe_flush()
+        self.skip_untested()
+        total = sum(sum(g.values()) for g in self.dropped.values())
+        if total:
+            self.ctx.log.warning(
+                "the dump lacks %d statistics rows that ranks %s dropped while this server "
+                "lagged behind (dropped_records)",
+                total,
+                sorted(self.dropped),
+            )
+        self.writer.set_attrs(
+            "/",
+            finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            wall_time=self.ctx.now(),
+        )
+
+    def fail(self, exc: DumpWriteError) -> None:
+        """End the whole run on a dump that cannot be written: one line, then abort."""
+        from mpi4py import MPI
+
+        from pserver.logs import wait_until_read
+
+        print(f"pserver-run: error: {exc}; ending the run", file=sys.stderr, flush=True)
+        wait_until_read(sys.stderr)
+        MPI.COMM_WORLD.Abort(3)
+
+    def on_records(self, msg: MPI.Message, status: MPI.Status) -> None:
+        source = status.Get_source()
+        data = bytearray(status.Get_count(MPI.BYTE))
+        msg.Recv([data, MPI.BYTE])
         self.ctx.peers.note(source, "RECORDS")
-        clocks = rows.pop("__clocks__", None)
+        rows, clocks, dropped = decode(data)
         for group, cols in rows.items():
             self.writer.append(group, **{k: column(k, v) for k, v in cols.items()})
         if clocks:
             self.writer.append_clocks("updates", "vector_clock", clocks)
+        if dropped and dropped != self.dropped.get(source):  # counts are cumulative
+            self.dropped[source] = dropped
+            self.writer.set_attrs(
+                "/",
+                dropped_records={str(r): g for r, g in sorted(self.dropped.items())},
+                dropped_records_total=sum(sum(g.values()) for g in self.dropped.values()),
+            )
         sigma = rows.get("gradients", {}).get("staleness")
         if sigma:
             self.sigma_sum += sum(sigma)
             self.sigma_n += len(sigma)
             self.sigma_max = max(self.sigma_max, max(sigma))
 
-    def on_model(self, msg: MPI.Message, source: int) -> None:
+    def on_model(self, msg: MPI.Message, status: MPI.Status) -> None:
+        source = status.Get_source()
         msg.Recv(self.hbuf[0])
         h = Header.unpack(self.hbuf[0])
         self.ctx.peers.note(source, h)
@@ -122,19 +172,19 @@ class StatsServer:
         w, got, ts = self.models[epoch]
         self.comm.Recv(w[b.start : b.stop], source, Tag.MODEL)
         got.add(b.index)
+        for older in [e for e, (_, blocks, _) in self.models.items() if e < epoch]:
+            if b.index not in self.models[older][1]:  # its snapshot of b was skipped
+                self.skip(older, len(self.models.pop(older)[1]))
         self.models[epoch] = (w, got, max(ts, h.timestamp))
         if len(got) == len(self.ctx.blocks):
             del self.models[epoch]
+            self.tested.add(epoch)
             self.test(epoch, w, max(ts, h.timestamp))
             self.keep_model(epoch, w, max(ts, h.timestamp))
 
     def keep_model(self, epoch: int, w: np.ndarray, ts: int) -> None:
         """The newest tested model stays in the dump as ``model/weights`` (flat vector)."""
-        f = self.writer.file
-        if "model/weights" in f:
-            del f["model/weights"]
-        d = f.create_dataset("model/weights", data=w)
-        d.attrs.update(epoch=epoch, timestamp=ts)
+        self.writer.replace_dataset("model/weights", w, epoch=epoch, timestamp=ts)
 
     def test(self, epoch: int, w: np.ndarray, ts: int) -> None:
         ds = self.ctx.dataset
@@ -151,7 +201,7 @@ class StatsServer:
             loss=np.array([loss]),
             error=np.array([error]),
         )
-        self.writer.flush()
+        self.writer.maybe_flush()  # a flush per test would rewrite the dump every epoch
         mean = self.sigma_sum / self.sigma_n if self.sigma_n else 0.0
         if self.cfg.stats.progress:
             self.ctx.log.info(
@@ -168,7 +218,34 @@ class StatsServer:
                 time.perf_counter() - t,
             )
 
-    def on_bye(self, msg: MPI.Message, source: int) -> None:
+    def skip(self, epoch: int, blocks: int) -> None:
+        """Record that ``epoch`` was not tested: a shard skipped its snapshot (see module doc)."""
+        if epoch in self.skipped or epoch in self.tested:
+            return
+        self.skipped.add(epoch)
+        self.writer.append(
+            "skipped_tests",
+            epoch=np.array([epoch], np.float64),
+            time=np.array([self.ctx.now()]),
+            blocks_received=np.array([blocks], np.int32),
+        )
+
+    def skip_untested(self) -> None:
+        """At the end: every epoch due a test that got none is a ``skipped_tests`` row."""
+        epochs, every = self.cfg.run.epochs, self.cfg.stats.test_every
+        due = [e for e in range(1, epochs + 1) if e % every == 0 or e == epochs]
+        for epoch in due:
+            got = self.models.pop(epoch, (None, set(), 0))[1]
+            self.skip(epoch, len(got))
+        if self.skipped:
+            self.ctx.log.warning(
+                "tests of epochs %s skipped: their model snapshots found the previous one "
+                "still on its way here (skipped_tests)",
+                sorted(self.skipped),
+            )
+
+    def on_bye(self, msg: MPI.Message, status: MPI.Status) -> None:
+        source = status.Get_source()
         msg.Recv(self.hbuf[0])
         self.ctx.peers.note(source, Header.unpack(self.hbuf[0]))
         self.live.discard(source)

@@ -12,13 +12,14 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pserver.errors import PserverError
-from pserver.stats.reader import load_dump, summarize
+from pserver.stats.reader import DumpError, load_dump, summarize
 
+T = TypeVar("T")
 PROG = "pserver-stats"
 BAR_WIDTH = 40
 MAX_HIST_ROWS = 25  # more distinct σ values than this are binned into ranges
@@ -118,6 +119,12 @@ def format_summary(summary: dict[str, Any]) -> str:
         )
     else:
         lines.append("test error   (no test rows)")
+    lost = summary.get("statistics_lost", {})
+    if lost.get("dropped_records") or lost.get("skipped_tests"):
+        lines.append(
+            f"not recorded {lost.get('dropped_records', 0)} rows dropped by lagging ranks"
+            f"   tests skipped at epochs {lost.get('skipped_tests', [])}"
+        )
     wall = "n/a" if summary["wall_time"] is None else f"{summary['wall_time']:.1f} s"
     note = "  (from the last row: the run did not finish cleanly)"
     lines.append(f"wall time    {wall}{note if summary['wall_time_estimated'] else ''}")
@@ -125,9 +132,21 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def checked(path: str, fn: Callable[..., T], *args: Any) -> T:
+    """Run a summary or plot of a loaded dump; a dump whose groups lack the columns the
+    writer always gives (or hold nonsense) is reported in one line, not a traceback."""
+    try:
+        return fn(*args)
+    except (KeyError, IndexError, ValueError, TypeError) as exc:
+        raise DumpError(
+            f"{path} is a malformed pserver dump ({type(exc).__name__}: {exc})"
+        ) from None
+
+
 def cmd_summary(args: argparse.Namespace) -> int:
-    summary = summarize(load_dump(args.dump))
-    print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
+    summary = checked(args.dump, summarize, load_dump(args.dump))
+    render = (lambda: json.dumps(summary, indent=2)) if args.json else format_summary
+    print(checked(args.dump, render) if args.json else checked(args.dump, render, summary))
     return 0
 
 
@@ -136,7 +155,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     dump = load_dump(args.dump)
     outdir = Path(args.outdir) if args.outdir else Path(args.dump).resolve().parent
-    for path in plot_all(dump, outdir):
+    for path in checked(args.dump, plot_all, dump, outdir):
         print(path)
     return 0
 

@@ -67,8 +67,18 @@ def _read_group(grp: h5py.Group) -> dict[str, np.ndarray]:
 
     Columns of one group grow together; only a run killed between two column writes leaves
     them uneven, and then the rows present in every column are the ones that mean something.
+    A member that is not a numeric column (1-D, or the 2-D vector clocks) is a broken dump.
     """
-    columns = {name: ds[()] for name, ds in grp.items() if isinstance(ds, h5py.Dataset)}
+    columns = {}
+    for name, ds in grp.items():
+        if not isinstance(ds, h5py.Dataset):
+            continue
+        if ds.ndim not in (1, 2) or ds.dtype.kind not in "biuf":
+            raise DumpError(
+                f"{grp.file.filename}: {grp.name}/{name} is not a numeric column "
+                f"(shape {ds.shape}, dtype {ds.dtype})"
+            )
+        columns[name] = ds[()]
     n = min((len(v) for v in columns.values()), default=0)
     return {name: values[:n] for name, values in columns.items()}
 
@@ -88,20 +98,34 @@ def _open(path: Path) -> h5py.File:
 
 
 def load_dump(path: str | Path) -> Dump:
-    """Load a whole dump into memory; raises :class:`DumpError` with a readable message."""
+    """Load a whole dump into memory; raises :class:`DumpError` with a readable message.
+
+    A broken file (truncated, overwritten, not written by pserver) is a :class:`DumpError`
+    too, whatever HDF5 says about it: the writer publishes only complete files
+    (``pserver.stats.writer``), so such a file did not come from a flush.
+    """
     path = Path(path)
     with _open(path) as f:
-        attrs = {key: _decode(value) for key, value in f.attrs.items()}
-        if VERSION_ATTR not in attrs:
-            raise DumpError(
-                f"{path} is an HDF5 file but not a pserver dump "
-                f"(no {VERSION_ATTR!r} root attribute)"
-            )
-        groups, group_attrs = {}, {}
-        for name, grp in f.items():
-            if isinstance(grp, h5py.Group):
-                groups[name] = _read_group(grp)
-                group_attrs[name] = {k: _decode(v) for k, v in grp.attrs.items()}
+        try:
+            return _load(path, f)
+        except DumpError:
+            raise
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
+            raise DumpError(f"cannot read dump {path}: it is damaged ({exc})") from None
+
+
+def _load(path: Path, f: h5py.File) -> Dump:
+    attrs = {key: _decode(value) for key, value in f.attrs.items()}
+    if VERSION_ATTR not in attrs:
+        raise DumpError(
+            f"{path} is an HDF5 file but not a pserver dump "
+            f"(no {VERSION_ATTR!r} root attribute)"
+        )
+    groups, group_attrs = {}, {}
+    for name, grp in f.items():
+        if isinstance(grp, h5py.Group):
+            groups[name] = _read_group(grp)
+            group_attrs[name] = {k: _decode(v) for k, v in grp.attrs.items()}
     return Dump(path=path, attrs=attrs, groups=groups, group_attrs=group_attrs)
 
 
@@ -263,6 +287,7 @@ def summarize(dump: Dump) -> dict[str, Any]:
     )
     learners = _learners(dump)
     wall, estimated = _wall_time(dump)
+    skipped = dump.group("skipped_tests").get("epoch", np.zeros(0))
     samples = _samples(dump, learners)
     return {
         "path": str(dump.path),
@@ -275,4 +300,8 @@ def summarize(dump: Dump) -> dict[str, Any]:
         "wall_time_estimated": estimated,
         "samples": samples,
         "samples_per_s": samples / wall if samples is not None and wall else None,
+        "statistics_lost": {  # what the statistics server could not keep up with
+            "dropped_records": int(dump.attrs.get("dropped_records_total", 0)),
+            "skipped_tests": [int(e) for e in skipped],
+        },
     }

@@ -1,24 +1,46 @@
 """Incremental HDF5 writer for the statistics dump (``stats.h5``).
 
-The statistics server appends rows as the run goes. Each dataset's shape always equals the rows
-written so far (no over-allocation to trim at close), so a run killed at any point leaves a file
-that h5py opens as it was at the last flush. Two choices keep that true:
+The statistics server appends rows as the run goes into an HDF5 file held in memory (HDF5's
+"core" driver, no backing store). A flush writes that file's image to ``stats.h5.new`` and
+renames it over ``stats.h5`` (``os.replace``, atomic on POSIX). So the name ``stats.h5`` only
+ever holds the complete file of the last completed flush, whatever happens to the writer:
+killed, out of disk space, an I/O error. HDF5 writing a file on disk gives no such guarantee: a
+write that fails half-way (ENOSPC during a metadata flush) can leave a file that no longer
+opens, and a library whose file handle is then broken. Alternatives weighed: writing a working
+file on disk and copying it has the same broken-handle problem on a full disk and needs room
+for three copies; keeping a previous copy beside the dump makes every reader choose between
+two files; a journal of rows merged at the end leaves the dump without rows until the end.
+
+Costs: the statistics server holds the dump in memory (its size, plus one image while a flush
+writes it), and each flush writes the whole dump (measured in docs/stats.md, "Durability").
+The flush interval stretches to ``COPY_SHARE`` times the last flush's duration, so flushing
+takes at most ~10 % of the statistics server's time however large the dump grows. The disk
+needs room for two copies of the dump during a flush (the old one and the new one).
+
+A failed write raises :class:`DumpWriteError` once (one readable line) and the writer never
+touches ``stats.h5`` again. ``run.overwrite = true`` thus keeps the previous run's dump until
+the new run's first flush.
+
+Each dataset's shape always equals the rows written so far (no over-allocation to trim at
+close), so the image of a flush is a complete dump. Two choices keep it readable:
 
 * the file is opened with HDF5's default (earliest) format, not ``libver="latest"``: the newer
   superblock carries "open for write" consistency flags, and a file whose writer died without
   closing it then refuses to open at all ("file is already open for write ... use h5clear").
   SWMR mode would avoid that but needs every reader to open with ``swmr=True`` and is meant for
   a fixed set of datasets, whereas this writer creates datasets lazily.
-* chunks are stored uncompressed, so a chunk rewritten after a flush is rewritten in place; a
-  filtered chunk changes size and moves, and the space HDF5 frees may be reused before the next
-  flush while the on-disk metadata still points at it.
+* chunks are stored uncompressed, so a chunk rewritten by a later append is rewritten in
+  place; a filtered chunk changes size and moves, leaving holes that every flush's image
+  would carry.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -26,9 +48,18 @@ from typing import Any
 import h5py
 import numpy as np
 
+from pserver.errors import PserverError
+
 CHUNK_BYTES = 64 * 1024  # ~64 KiB chunks: cheap appends, few chunks for a long run
 MAX_CLOCK_CHUNK_WIDTH = 64
 CLOCK_PAD = -1  # padding of ragged vector-clock rows (timestamps are >= 0)
+COPY_SHARE = 10  # the flush interval stretches to this many times the last flush's duration
+NEW_SUFFIX = ".new"
+CORE_BLOCK = 1 << 20  # the in-memory file grows by 1 MiB at a time
+
+
+class DumpWriteError(PserverError):
+    """The dump could not be written (disk full, I/O error); ``stats.h5`` keeps its last flush."""
 
 
 def _attr_value(value: Any) -> Any:
@@ -56,14 +87,23 @@ class StatsWriter:
         self, path: str | Path, attrs: dict[str, Any], flush_interval: float = 2.0
     ) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.new = self.path.with_name(self.path.name + NEW_SUFFIX)
         self.flush_interval = flush_interval
-        self._file: h5py.File | None = h5py.File(self.path, "w")
+        self.failed: DumpWriteError | None = None
+        self.published: float | None = None  # monotonic time of the last complete flush
+        self.copy_seconds: list[float] = []  # duration of each flush (docs/stats.md)
+        self._gap = flush_interval
+        self._file: h5py.File | None = None
+        with self._guard("create"):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = h5py.File(
+                self.path, "w", driver="core", backing_store=False, block_size=CORE_BLOCK
+            )
         self._columns: dict[str, dict[str, h5py.Dataset]] = {}
         self._clocks: dict[str, h5py.Dataset] = {}
         self._last_flush = time.monotonic()
         self.set_attrs("/", **attrs)
-        self.flush()  # the root attributes survive even if the run dies before the first rows
+        # no flush here: an existing dump (run.overwrite) stays until the first flush
 
     @property
     def file(self) -> h5py.File:
@@ -83,17 +123,19 @@ class StatsWriter:
             return
         datasets = self._columns.get(group)
         if datasets is None:
-            datasets = self._create_columns(group, arrays)
+            with self._guard("create columns in"):
+                datasets = self._create_columns(group, arrays)
         elif datasets.keys() != arrays.keys():
             raise ValueError(
                 f"append to {group!r}: columns {sorted(arrays)} differ from the group's "
                 f"columns {sorted(datasets)}"
             )
-        for name, values in arrays.items():
-            ds = datasets[name]
-            start = ds.shape[0]
-            ds.resize((start + n,))
-            ds[start:] = values
+        with self._guard("append to"):
+            for name, values in arrays.items():
+                ds = datasets[name]
+                start = ds.shape[0]
+                ds.resize((start + n,))
+                ds[start:] = values
 
     def append_clocks(self, group: str, name: str, rows: list[Sequence[int]]) -> None:
         """Append ragged integer rows to the 2-D int64 dataset ``group/name``, padded with -1.
@@ -108,35 +150,61 @@ class StatsWriter:
         for i, row in enumerate(rows):
             block[i, : len(row)] = row
         key = f"{group}/{name}"
-        ds = self._clocks.get(key)
-        if ds is None:
-            ds = self._create_clocks(key, block.shape[1])
-        start, old_width = ds.shape
-        ds.resize((start + len(rows), max(old_width, block.shape[1])))
-        ds[start:, : block.shape[1]] = block
+        with self._guard("append to"):
+            ds = self._clocks.get(key)
+            if ds is None:
+                ds = self._create_clocks(key, block.shape[1])
+            start, old_width = ds.shape
+            ds.resize((start + len(rows), max(old_width, block.shape[1])))
+            ds[start:, : block.shape[1]] = block
 
     def set_attrs(self, group: str, **attrs: Any) -> None:
         """Set attributes on ``group`` ("/" or "" for the root); dicts and lists become JSON."""
-        target = self.file if group in ("", "/") else self.file.require_group(group)
-        for key, value in attrs.items():
-            target.attrs[key] = _attr_value(value)
+        with self._guard("set attributes in"):
+            target = self.file if group in ("", "/") else self.file.require_group(group)
+            for key, value in attrs.items():
+                target.attrs[key] = _attr_value(value)
+
+    def replace_dataset(self, name: str, data: np.ndarray, **attrs: Any) -> None:
+        """Write ``data`` as dataset ``name``, replacing an older one (the kept model)."""
+        with self._guard("write"):
+            ds = self.file.get(name)
+            if ds is not None and ds.shape == data.shape and ds.dtype == data.dtype:
+                ds[...] = data  # in place: the file does not grow by a model per test
+            else:
+                if ds is not None:
+                    del self.file[name]
+                ds = self.file.create_dataset(name, data=data)
+            ds.attrs.update(attrs)
 
     def maybe_flush(self) -> None:
-        """Flush if ``flush_interval`` seconds have passed since the last flush."""
-        if time.monotonic() - self._last_flush >= self.flush_interval:
+        """Flush if the flush interval (stretched by slow copies, see above) has passed."""
+        if time.monotonic() - self._last_flush >= self._gap:
             self.flush()
 
     def flush(self) -> None:
-        """Write everything appended so far to disk: a crash after this keeps those rows."""
-        self.file.flush()
-        self._last_flush = time.monotonic()
+        """Publish everything appended so far as ``stats.h5``: a crash after this keeps those
+        rows, and a failure during it leaves the previous ``stats.h5`` as it was."""
+        with self._guard("flush"):
+            started = time.perf_counter()
+            self.file.flush()
+            image = self.file.id.get_file_image()
+            with open(self.new, "wb") as out:
+                out.write(image)
+            os.replace(self.new, self.path)
+            elapsed = time.perf_counter() - started
+        self.copy_seconds.append(elapsed)
+        self._gap = max(self.flush_interval, COPY_SHARE * elapsed)
+        self.published = self._last_flush = time.monotonic()
 
     def close(self) -> None:
-        """Flush and close the file; closing twice is harmless."""
-        if self._file is not None:
-            self._file.flush()
-            self._file.close()
-            self._file = None
+        """Publish the last rows and close; closing twice is harmless. After a failed write
+        this only lets the file go: ``stats.h5`` keeps its last complete flush."""
+        if self._file is None:
+            return
+        if self.failed is None:
+            self.flush()
+        self._discard()
 
     def __enter__(self) -> StatsWriter:
         return self
@@ -147,7 +215,45 @@ class StatsWriter:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        if exc is None:
+            self.close()
+            return
+        try:  # the exception that ends the run matters more than a second one of closing
+            self.close()
+        except DumpWriteError:
+            pass
+
+    @contextmanager
+    def _guard(self, action: str) -> Iterator[None]:
+        """Turn the first I/O failure into one :class:`DumpWriteError`; refuse work after it."""
+        if self.failed is not None:
+            raise self.failed
+        try:
+            yield
+        except (OSError, RuntimeError) as exc:
+            if self.published is None:
+                kept = f"{self.path} was not written (an older file there is left as it was)"
+            else:
+                ago = time.monotonic() - self.published
+                kept = f"{self.path} keeps the rows of its last complete flush, {ago:.1f} s ago"
+            self.failed = DumpWriteError(
+                f"statistics dump: cannot {action} {self.path}: {exc}; {kept}"
+            )
+            self._discard()
+            raise self.failed from None
+
+    def _discard(self) -> None:
+        """Let the in-memory file go and delete a half-written image (frees its disk space)."""
+        try:
+            if self._file is not None:
+                self._file.close()  # memory only: nothing left to write
+        except (OSError, RuntimeError):
+            pass
+        self._file = None
+        try:
+            self.new.unlink()
+        except OSError:
+            pass
 
     def _check_rows(self, group: str, arrays: dict[str, np.ndarray]) -> int:
         if not arrays:
