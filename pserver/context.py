@@ -112,7 +112,7 @@ def prepare(
     )
     nodes = nodes or [0] * world_size
     if cfg.comm.transport == "shm":
-        check_shared_memory(layout, blocks, nodes, model.dtype.itemsize)
+        check_shared_memory(layout, blocks, nodes, model.dtype.itemsize, cfg.comm.versions)
     dump = Path(cfg.run.out_dir) / DUMP_NAME
     if dump.exists() and not cfg.run.overwrite:
         raise ConfigError(
@@ -151,14 +151,14 @@ def check_thread_level(mode: str, provided: int, levels: dict[str, int] | None =
 
 
 def check_shared_memory(
-    layout: Layout, blocks: list[Block], nodes: list[int], itemsize: int
+    layout: Layout, blocks: list[Block], nodes: list[int], itemsize: int, versions: int = 0
 ) -> None:
     """comm.transport = "shm": the window must fit in the node's shared memory (/dev/shm)."""
     import shutil
 
     from pserver.comm.shm import window_bytes
 
-    need = window_bytes(layout, blocks, nodes, itemsize)
+    need = window_bytes(layout, blocks, nodes, itemsize, versions)
     shm_dir = Path("/dev/shm")
     if not shm_dir.is_dir():
         return  # no tmpfs to ask (not Linux): MPI reports a failed allocation itself
