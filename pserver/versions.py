@@ -56,6 +56,8 @@ class VersionPool:
     pins: dict[int, int] = field(default_factory=dict)  # ticket -> buffer it reads
     reserved: set[int] = field(default_factory=set)  # buffers a write in progress targets
     high_water: int = 1  # most buffers ever allocated (for the statistics)
+    writes: int = 0  # calls of write(), and those that had to copy-on-write
+    copies: int = 0
     _next_ticket: int = 0
 
     def __post_init__(self) -> None:
@@ -110,12 +112,14 @@ class VersionPool:
         the old weights; a staging copy or a received model replaces them whole).
         """
         old = self.current
+        self.writes += 1
         if old not in self.pins.values() and old not in self.reserved:
             return Write(old, None)
         target = self.reserve()
         if target is None:  # may_pin's rule makes this unreachable; say so loudly if not
             raise RuntimeError(f"no free buffer among {self.limit} for a write")
         self.publish(target)
+        self.copies += copy
         return Write(target, old if copy else None)
 
     def reserve(self) -> int | None:

@@ -55,6 +55,7 @@ class BlockState:
     done: bool = False
     dropped: int = 0  # gradients the protocol refused
     staged_ts: int = -1  # timestamp of the staged (or device-synchronized) current version
+    copy_cost: float = 0.0  # seconds the last copy-on-write of the block took
     next_epoch: int = 1
     waiting_pulls: list[Header] = field(default_factory=list)
     starved: list[Header] = field(default_factory=list)  # pulls held until a version is free
@@ -255,16 +256,39 @@ class ServerShard:
         """Make ``st.w`` a buffer no send or learner reads, for the update to write.
 
         In place when every send of the current version has completed; else the weights are
-        copied to a free version (allocated up to ``comm.versions``). Never waits: the pool's
-        rule (``VersionPool.may_pin``) keeps a free one whenever the current one is read.
+        copied to a free version (allocated up to ``comm.versions``), which the pool's rule
+        (``VersionPool.may_pin``) keeps whenever the current one is read. Sends to responsive
+        receivers are given at most as long as that copy takes (the last one's duration) to
+        complete first: driving them is work the shard does anyway, the copy is not. A stopped
+        receiver thus delays an update by at most one copy's time, and only the first update
+        after it stopped (later ones find its version no longer current).
         """
-        self.collect(st)
+        self.give_sends(st, st.copy_cost or st.w.nbytes / 2e9)
         write = st.pool.write()
         while len(st.bufs) < st.pool.allocated:
             st.bufs.append(self.version_buffer(st, len(st.bufs)))
         if write.copy_from is not None:
+            started = time.perf_counter()
             self.xp.copyto(st.bufs[write.target], st.bufs[write.copy_from])
+            st.copy_cost = time.perf_counter() - started
         st.w = st.bufs[write.target]
+
+    def give_sends(self, st: BlockState, seconds: float) -> None:
+        """Let the sends reading the current version complete, for at most ``seconds``; not
+        when a learner computes on it (shm zero-copy: that takes a whole minibatch)."""
+        self.collect(st)
+        current = st.pool.current
+        if st.pool.readers(current) == 0 or any(
+            st.pool.pins.get(t) == current for t in st.readers.values()
+        ):
+            return
+        deadline = time.perf_counter() + seconds
+
+        def done() -> bool:
+            self.collect(st)
+            return st.pool.readers(current) == 0 or time.perf_counter() >= deadline
+
+        self.waiter.until(done, lambda: f"weight sends of block {st.block.index} (bounded)")
 
     def version_buffer(self, st: BlockState, version: int) -> Any:
         """A new buffer for version ``version`` of the block (in the window with shm)."""
@@ -362,6 +386,8 @@ class ServerShard:
             if not self.can_pin(st):
                 st.starved.append(h)
             elif reads:  # not written until its next push
+                if h.sender in st.readers:  # cannot happen (a push comes between): no leak
+                    st.pool.release(st.readers.pop(h.sender))
                 st.readers[h.sender] = st.pool.pin()
                 current = st.ts == h.timestamp
                 if not current:
@@ -455,11 +481,13 @@ class ServerShard:
         reqs.clear()
 
     def finish(self) -> None:
-        most = max(st.pool.high_water for st in self.blocks.values())
-        limit = next(iter(self.blocks.values())).pool.limit
+        pools = [st.pool for st in self.blocks.values()]
         self.ctx.log.info(
-            "pulls served from at most %d version(s) of a block (bound %d)", most, limit
-        )
+            "pulls served from at most %d version(s) of a block (bound %d); %d of %d writes "
+            "copied a version still being sent",
+            max(p.high_water for p in pools), pools[0].limit,
+            sum(p.copies for p in pools), sum(p.writes for p in pools),
+        )  # fmt: skip
         for st in self.blocks.values():
             self.waitall([r for r, _ in st.inflight], "weight sends to drain")
             st.inflight.clear()
