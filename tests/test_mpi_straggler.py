@@ -39,6 +39,8 @@ CASES = {
         "protocol.name=async", "cluster.servers=2", "blocks.count=4", "model.hidden=[512]",
     ),
     "async-staged": ("protocol.name=async", "comm.staging=always"),
+    # the bound: the sleeper pins one old version, the others need the current one and a spare
+    "async-3-versions": ("protocol.name=async", "comm.versions=3"),
 }
 
 
