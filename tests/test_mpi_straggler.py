@@ -80,10 +80,12 @@ def test_tree_aggregator_serves_children_past_a_stopped_one(tmp_path):
     """Tree (fan-out 2, 9 ranks): learners 0 and 1 share aggregator rank 3. With learner 0
     stopped, the aggregator must go on answering learner 1's pulls (its round waits for learner
     0's gradient by design, but learner 1 keeps computing on the newest weights). Learner 0 is
-    3x slower, so its aggregator has newer weights for its every pull (a send, not CURRENT)."""
+    3x slower, so its aggregator has newer weights for its every pull (a send, not CURRENT), and
+    the model is larger (150 KB) so that no send fits MPI's eager size."""
     train(
         tmp_path, 9, *BASE, "protocol.name=async", "cluster.tree_fanout=2",
-        "inject.slow_learner=0", "inject.learner_factor=3", timeout=180,
+        "inject.slow_learner=0", "inject.learner_factor=3", "model.hidden=[512]",
+        "run.epochs=8", timeout=180,
     )  # fmt: skip
     steps = steps_while_frozen(load_dump(tmp_path / "stats.h5"), 0, 1)
     assert steps >= 10, f"learner 1 did {steps} steps while its sibling was stopped"
