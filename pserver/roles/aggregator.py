@@ -181,8 +181,12 @@ class Aggregator:
 
     def released(self) -> bool:
         """Whether a pull held for lack of a version may go now (polled while idle)."""
-        relays = self.relays.values()
-        return any(r.starved and self.collect(r) and r.pool.may_pin() for r in relays)
+        for r in self.relays.values():
+            if r.starved:
+                self.collect(r)
+                if r.pool.may_pin():
+                    return True
+        return False
 
     def answer_starved(self) -> None:
         for r in self.relays.values():

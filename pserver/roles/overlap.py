@@ -75,7 +75,8 @@ class OverlapLearner(Learner):
         if self.pushing and MPI.Request.Testall(self.pushing):
             self.pushing = []
             changed = True
-        if self.collect_kids() and self.kid_starved and self.kid_pool.may_pin():
+        self.collect_kids()
+        if self.kid_starved and self.kid_pool.may_pin():  # whoever released the version
             starved, self.kid_starved = self.kid_starved, []
             for h in starved:
                 self.serve_kid(h)

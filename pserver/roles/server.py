@@ -306,8 +306,12 @@ class ServerShard:
 
     def released(self) -> bool:
         """Whether a pull held for lack of a version may go now (polled while idle)."""
-        blocks = self.blocks.values()
-        return any(st.starved and self.collect(st) and st.pool.may_pin() for st in blocks)
+        for st in self.blocks.values():
+            if st.starved:
+                self.collect(st)
+                if st.pool.may_pin():
+                    return True
+        return False
 
     def answer_starved(self) -> None:
         for st in self.blocks.values():
