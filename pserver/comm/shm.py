@@ -6,15 +6,15 @@ over the ranks of its node, its weights and one gradient slot per learner of tha
 * a learner computes its gradient straight into its slot (no send: with one shard the slot *is*
   its gradient buffer) and pushes only the header; the shard's update reads the slot in place
   (for SGD one BLAS ``axpy`` from the slot into the weights);
-* a pull answered with weights is a header; the learner copies the block out of the window and
-  acknowledges with an empty message on the ``ack`` communicator. The shard treats that
-  acknowledgement as it treats a finished ``Isend``: it does not update the block before every
-  learner it answered has its copy;
-* with one shard holding the model in one block, not even that copy is made: the shard keeps
-  1 + (learners of its node) versions of the weights, the reply names the version, and the
-  learner computes on it in place until its next push. The shard updates the current version in
-  place when no learner is computing on it, else first copies it to a version nobody reads
-  (there always is one), so a learner's weights never change under it.
+* a pull answered with weights is a header naming a version of the weights (the shard keeps
+  ``comm.versions`` of them here, by default 1 + learners of its node); the learner copies that
+  version of the block out of the window and acknowledges with an empty message on the ``ack``
+  communicator. Until then the version is pinned, as by an ``Isend`` (``pserver.versions``):
+  the shard's next update goes to another version, so a stopped learner stops nobody;
+* with one shard holding the model in one block, not even that copy is made: the learner
+  computes on the version the reply names, in place, until its next push. The shard updates the
+  current version in place when no learner is computing on it, else first copies it to a version
+  nobody reads (there always is one), so a learner's weights never change under it.
 
 Each update thus moves the model through memory twice (update, copy out), or once with versions,
 instead of three times (copy in, update, copy out), which is where a two-sided server's ceiling
