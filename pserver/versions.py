@@ -21,7 +21,8 @@ Liveness of a held pull: each occupied buffer is pinned by sends to receivers th
 receive before asking (so each completes once its receiver calls into MPI, which a live receiver
 does while it waits for its own reply), or reserved by a write that ends without waiting. Once
 one is released, :meth:`may_pin` holds again. With ``limit >= 1 + readers`` (one pin per reader
-at a time, plus the current buffer) the rule never refuses.
+at a time, plus the current buffer) the rule refuses only for a moment: when a reader's new
+pull arrives before the shard has seen its previous send complete.
 """
 
 from __future__ import annotations
