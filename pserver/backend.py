@@ -356,6 +356,12 @@ class StagingBuffers:
 
         return cupyx.empty_pinned(n, dtype=self.dtype)
 
+    def add(self, size: int) -> int:
+        """One more host buffer of ``size`` elements (a weight version, pserver/versions.py);
+        returns its index, used as a block index by the other methods."""
+        self._host.append(self._alloc_host(int(size)))
+        return len(self._host) - 1
+
     def host(self, block: int) -> np.ndarray:
         """The pinned host buffer of ``block`` (the one MPI sends from or receives into)."""
         return self._host[block]

@@ -139,7 +139,9 @@ def run(ctx, world) -> None:  # noqa: ANN001 - Context and MPI.Comm, imported la
     if ctx.cfg.comm.transport == "shm":
         from pserver.comm.shm import SharedWindows
 
-        ctx.shm = SharedWindows(world, ctx.layout, ctx.blocks, weights.dtype, ctx.nodes)
+        ctx.shm = SharedWindows(
+            world, ctx.layout, ctx.blocks, weights.dtype, ctx.nodes, ctx.cfg.comm.versions
+        )
     world.Barrier()
     ctx.t0 = time.time()
     role = ctx.role

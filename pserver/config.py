@@ -112,6 +112,7 @@ class CommConfig:
     transport: str = "messages"  # messages | shm: payloads between ranks of a node (comm/shm.py)
     switch_interval: float = 5e-4  # sys.setswitchinterval: how soon a comm thread gets the GIL
     max_inflight: int = 0  # overlap modes, async/softsync: own pushes not yet acknowledged; 0: 2
+    versions: int = 0  # weight buffers a block is served from (0: 1 + its readers); versions.py
 
 
 @dataclass
@@ -126,6 +127,9 @@ class InjectConfig:
     learner_factor: float = 1.0
     compute_time: float = 0.0  # seconds added to every minibatch (the rank sleeps: an idle GPU)
     fail_learner: int = -1  # raise an exception on this learner (tests the abort path)
+    freeze_learner: int = -1  # this learner sleeps freeze_time s without calling MPI ...
+    freeze_step: int = 0  # ... after its push (and pull request) of this minibatch
+    freeze_time: float = 0.0
     fail_step: int = 0  # ... at this minibatch
 
 
@@ -199,6 +203,7 @@ NON_NEGATIVE = {
     "cluster.learners",
     "cluster.tree_fanout",
     "cluster.bcast_fanout",
+    "comm.versions",
     "protocol.ref_batch",
     "optim.momentum",
     "optim.weight_decay",
@@ -373,6 +378,11 @@ def validate(cfg: Config) -> Config:
             "cluster.bcast_fanout: learners relay weights from their communication engine; "
             'set comm.mode = "thread" or "nonblocking" (Rudra-adv*)'
         )
+    if cfg.comm.versions == 1:
+        raise ConfigError(
+            "comm.versions = 1: a block served from one buffer must wait for every receiver "
+            "before it updates; expected 0 (one more than the block's readers) or >= 2"
+        )
     if cfg.cluster.tree_fanout == 1:
         raise ConfigError("cluster.tree_fanout = 1: expected 0 (flat) or a fan-out >= 2")
     if not 0.0 < cfg.data.test_fraction < 1.0:
@@ -475,4 +485,5 @@ def inject_plan(cfg: Config) -> InjectPlan:
         seed=cfg.run.seed, pull_delay_prob=i.pull_delay_prob, pull_delay=i.pull_delay,
         slow_server=i.slow_server, server_factor=i.server_factor, slow_learner=i.slow_learner,
         learner_factor=i.learner_factor, compute_time=i.compute_time,
+        freeze_learner=i.freeze_learner, freeze_step=i.freeze_step, freeze_time=i.freeze_time,
     )

@@ -128,7 +128,7 @@ def prepare(
         model.n_params, model.layer_sizes, cfg.blocks.split, cfg.blocks.count, cfg.cluster.servers
     )
     if cfg.comm.transport == "shm":  # /dev/shm is the tighter limit of the two
-        check_shared_memory(layout, blocks, nodes, model.dtype.itemsize)
+        check_shared_memory(layout, blocks, nodes, model.dtype.itemsize, cfg.comm.versions)
     budget.check_run(data_bytes, run_sizes(cfg, model, dataset), size_keys(cfg))
     if layout.role(rank) is Role.STATS:  # the rank that writes there; last, so that bad input
         check_out_dir(cfg.run.out_dir, DUMP_NAME, cfg.run.overwrite)  # creates no directory
@@ -155,6 +155,7 @@ def run_sizes(cfg: Config, model: Any, dataset: Any) -> RunSizes:
         prefetch=cfg.data.prefetch,
         on_gpu=cfg.run.device != "cpu",
         n_servers=cfg.cluster.servers,
+        versions=cfg.comm.versions or 2,
     )
 
 
@@ -203,14 +204,14 @@ def check_thread_level(mode: str, provided: int, levels: dict[str, int] | None =
 
 
 def check_shared_memory(
-    layout: Layout, blocks: list[Block], nodes: list[int], itemsize: int
+    layout: Layout, blocks: list[Block], nodes: list[int], itemsize: int, versions: int = 0
 ) -> None:
     """comm.transport = "shm": the window must fit in the node's shared memory (/dev/shm)."""
     import shutil
 
     from pserver.comm.shm import window_bytes
 
-    need = window_bytes(layout, blocks, nodes, itemsize)
+    need = window_bytes(layout, blocks, nodes, itemsize, versions)
     shm_dir = Path("/dev/shm")
     if not shm_dir.is_dir():
         return  # no tmpfs to ask (not Linux): MPI reports a failed allocation itself

@@ -50,6 +50,11 @@ class InjectPlan:
     * ``slow_learner``, ``learner_factor``: learner ``slow_learner`` computes ``learner_factor``
       times longer (-1: none).
     * ``compute_time``: seconds of emulated compute per minibatch (an idle accelerator).
+    * ``freeze_learner``, ``freeze_step``, ``freeze_time``: learner ``freeze_learner`` sleeps
+      ``freeze_time`` seconds in minibatch ``freeze_step`` while a pull of it is out (blocking:
+      after its push and pull request; overlapped: after posting its long poll, before the
+      compute), without calling MPI: for MPI progress the same as a ``SIGSTOP``ped process
+      whose weights are on their way (the case a shard must not wait for).
     """
 
     seed: int = 0
@@ -60,6 +65,9 @@ class InjectPlan:
     slow_learner: int = -1
     learner_factor: float = 1.0
     compute_time: float = 0.0
+    freeze_learner: int = -1
+    freeze_step: int = 0
+    freeze_time: float = 0.0
 
     def pull_delay_for(self, server: int, learner: int, request_index: int) -> float:
         """Extra seconds before ``server`` answers ``learner``'s ``request_index``-th pull."""
@@ -72,6 +80,11 @@ class InjectPlan:
         """Emulated compute seconds per minibatch of ``learner``."""
         factor = self.learner_factor if learner == self.slow_learner else 1.0
         return self.compute_time * factor
+
+    def freeze_for(self, learner: int, step: int) -> float:
+        """Seconds ``learner`` stops after the push of minibatch ``step`` (usually 0)."""
+        hit = learner == self.freeze_learner and step == self.freeze_step
+        return self.freeze_time if hit else 0.0
 
     def server_slowdown(self, server: int) -> float:
         """Factor (>= 1) on ``server``'s handling time."""
@@ -91,7 +104,7 @@ class InjectPlan:
                 f"inject.pull_delay_prob = {self.pull_delay_prob!r}: expected a probability"
                 " in [0, 1]"
             )
-        for name in ("pull_delay", "compute_time"):
+        for name in ("pull_delay", "compute_time", "freeze_time"):
             if getattr(self, name) < 0.0:
                 raise ConfigError(f"inject.{name} = {getattr(self, name)!r}: expected seconds >= 0")
         for name in ("server_factor", "learner_factor"):
@@ -101,6 +114,9 @@ class InjectPlan:
                 )
         self.check_index("slow_server", self.slow_server, n_servers, "servers")
         self.check_index("slow_learner", self.slow_learner, n_learners, "learners")
+        self.check_index("freeze_learner", self.freeze_learner, n_learners, "learners")
+        if self.freeze_step < 0:
+            raise ConfigError(f"inject.freeze_step = {self.freeze_step!r}: expected a step >= 0")
 
     @staticmethod
     def check_index(name: str, value: int, count: int | None, what: str) -> None:

@@ -103,6 +103,10 @@ class RunSizes:
     prefetch: int
     on_gpu: bool
     n_servers: int = 1  # a shard holds its share of the blocks only
+    # weight versions a shard or aggregator serves pulls from (pserver.versions): comm.versions
+    # when set; by default the pool may grow to 1 + readers but stays at 1-2 unless a reader
+    # stalls, so the estimate counts 2 and docs/config.md says so
+    versions: int = 2
 
 
     def rank_bytes(self, role: str) -> dict[str, int]:
@@ -112,6 +116,8 @@ class RunSizes:
             copies = 1  # the model is on the device; one host staging copy
         params = -(-self.n_params // self.n_servers) if role == "server" else self.n_params
         parts = {"model": copies * params * self.itemsize}
+        if role in ("server", "aggregator"):
+            parts["model"] += (self.versions - 1) * params * self.itemsize
         if role == "learner":
             parts["activations"] = self.batch_size * self.activations
             parts["prefetch"] = self.prefetch * self.batch_size * (4 * self.n_features + 8)

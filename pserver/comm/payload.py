@@ -23,6 +23,7 @@ class Payloads:
         sizes = [b.size for b in blocks]
         self.inbox = StagingBuffers(backend, sizes, dtype) if self.staged else None
         self.outbox = StagingBuffers(backend, sizes, dtype) if self.staged else None
+        self.versions: dict[tuple[int, int], int] = {}  # (block, version) -> outbox buffer
 
     def outgoing(self, block: int, array: Any) -> Any:
         """The buffer to hand to ``Isend`` for ``array`` (complete when this returns)."""
@@ -30,6 +31,20 @@ class Payloads:
             return self.outbox.to_host(self.slot[block], array)
         self.backend.synchronize()  # MPI must not read a device buffer a kernel still writes
         return array
+
+    def outgoing_version(self, block: int, version: int, array: Any) -> Any:
+        """Like :meth:`outgoing`, staged into the block's host buffer number ``version``.
+
+        Sends of one version may still read its buffer while the next one is staged
+        (``pserver.versions``): each version has its own host buffer, allocated on first use.
+        """
+        if self.outbox is None:
+            return self.outgoing(block, array)
+        key = (block, version)
+        if key not in self.versions:
+            fresh = version == 0
+            self.versions[key] = self.slot[block] if fresh else self.outbox.add(array.size)
+        return self.outbox.to_host(self.versions[key], array)
 
     def incoming(self, block: int, array: Any) -> Any:
         """The buffer to post ``Irecv`` into for ``array``."""

@@ -6,15 +6,15 @@ over the ranks of its node, its weights and one gradient slot per learner of tha
 * a learner computes its gradient straight into its slot (no send: with one shard the slot *is*
   its gradient buffer) and pushes only the header; the shard's update reads the slot in place
   (for SGD one BLAS ``axpy`` from the slot into the weights);
-* a pull answered with weights is a header; the learner copies the block out of the window and
-  acknowledges with an empty message on the ``ack`` communicator. The shard treats that
-  acknowledgement as it treats a finished ``Isend``: it does not update the block before every
-  learner it answered has its copy;
-* with one shard holding the model in one block, not even that copy is made: the shard keeps
-  1 + (learners of its node) versions of the weights, the reply names the version, and the
-  learner computes on it in place until its next push. The shard updates the current version in
-  place when no learner is computing on it, else first copies it to a version nobody reads
-  (there always is one), so a learner's weights never change under it.
+* a pull answered with weights is a header naming a version of the weights (the shard keeps
+  ``comm.versions`` of them here, by default 1 + learners of its node); the learner copies that
+  version of the block out of the window and acknowledges with an empty message on the ``ack``
+  communicator. Until then the version is pinned, as by an ``Isend`` (``pserver.versions``):
+  the shard's next update goes to another version, so a stopped learner stops nobody;
+* with one shard holding the model in one block, not even that copy is made: the learner
+  computes on the version the reply names, in place, until its next push. The shard updates the
+  current version in place when no learner is computing on it, else first copies it to a version
+  nobody reads (there always is one), so a learner's weights never change under it.
 
 Each update thus moves the model through memory twice (update, copy out), or once with versions,
 instead of three times (copy in, update, copy out), which is where a two-sided server's ceiling
@@ -38,31 +38,33 @@ from pserver.topology import Block, Layout
 
 
 def plan(
-    layout: Layout, blocks: list[Block], node_of: list[int], node: int
+    layout: Layout, blocks: list[Block], node_of: list[int], node: int, versions: int = 0
 ) -> tuple[dict[int, list[int]], dict[int, int]]:
     """For the shards on ``node``: their learners on that node, and their weight versions.
 
-    Slot i of a shard belongs to the i-th of its local learners (rank order). A shard keeps one
-    version of its weights, or, when it is the only shard and holds the model in one block (the
-    learners then compute on a version in place), one more than its local learners, so a free
-    version always exists for an update.
+    Slot i of a shard belongs to the i-th of its local learners (rank order). A shard keeps
+    ``versions`` (``comm.versions``) versions of its weights, by default one more than its
+    local learners: each learner reads at most one version at a time (a copy it has not
+    acknowledged, or the version it computes on), so a free version always exists for an update
+    (``pserver.versions``) and no update waits for a learner of the node.
     """
     local = {
         s: [lr for lr in layout.learners if node_of[lr] == node]
         for s in layout.servers
         if node_of[s] == node
     }
-    single = len(layout.servers) == 1 and len(blocks) == 1
-    return local, {s: 1 + len(ls) if single else 1 for s, ls in local.items()}
+    return local, {s: versions or 1 + len(ls) for s, ls in local.items()}
 
 
-def window_bytes(layout: Layout, blocks: list[Block], node_of: list[int], itemsize: int) -> int:
+def window_bytes(
+    layout: Layout, blocks: list[Block], node_of: list[int], itemsize: int, versions: int = 0
+) -> int:
     """Shared memory the window of this rank's node will take (for the check before training)."""
     total = 0
     for node in set(node_of):
-        local, versions = plan(layout, blocks, node_of, node)
+        local, counts = plan(layout, blocks, node_of, node, versions)
         sizes = {s: sum(b.size for b in blocks if layout.servers[b.shard] == s) for s in local}
-        total = max(total, sum(sizes[s] * (versions[s] + len(local[s])) for s in local))
+        total = max(total, sum(sizes[s] * (counts[s] + len(local[s])) for s in local))
     return total * itemsize
 
 
@@ -76,17 +78,20 @@ class SharedWindows:
         blocks: list[Block],
         dtype: np.dtype,
         node_of: list[int],
+        versions: int = 0,
     ) -> None:
         """Collective over ``world``: every rank calls it, in the same place of the start-up.
 
-        ``node_of`` names the node of every rank (``Context.nodes``, from ``local_rank``).
+        ``node_of`` names the node of every rank (``Context.nodes``, from ``local_rank``);
+        ``versions`` is ``comm.versions`` (0: one more than a shard's local learners).
         """
         rank = world.Get_rank()
         self.node = world.Split_type(MPI.COMM_TYPE_SHARED)
         self.node_ranks = self.node.allgather(rank)  # node rank -> world rank
         self.dtype = np.dtype(dtype)
         self.mine = node_of[rank]
-        self.local, self.versions = plan(layout, blocks, node_of, self.mine)
+        self.local, self.versions = plan(layout, blocks, node_of, self.mine, versions)
+        self.single = len(layout.servers) == 1 and len(blocks) == 1
         self.shard_blocks = {
             s: [b for b in blocks if b.shard == i] for i, s in enumerate(layout.servers)
         }
@@ -114,8 +119,9 @@ class SharedWindows:
         return b.start - self.shard_blocks[server][0].start
 
     def zero_copy(self, server: int) -> bool:
-        """Whether learners compute on shard ``server``'s window versions without copying."""
-        return self.versions.get(server, 1) > 1
+        """Whether learners compute on shard ``server``'s window versions without copying
+        (one shard holding the model in one block: the learner's model *is* the block)."""
+        return self.single and server in self.local
 
     def weights(self, server: int, b: Block, version: int = 0) -> np.ndarray:
         """Block ``b`` of version ``version`` of the weights shard ``server`` keeps here."""

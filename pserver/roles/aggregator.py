@@ -5,6 +5,10 @@ child's (learner, timestamp) pairs, so the root records exact vector clocks and 
 Downwards, it keeps a long poll open at its parent for each block, caches the newest weights
 (one timestamp everywhere in the tree) and answers its children's pulls from that cache, so the
 root sends each new model once per child rather than once per learner.
+
+Children are served from versions (``pserver.versions``): a send to a child pins the version it
+reads, the parent's next weights land in a buffer no send reads, and a child that does not call
+into MPI (slow, stopped) keeps only its own version: the aggregator never waits for it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pserver.comm.inbox import Inbox
 from pserver.comm.payload import Payloads
 from pserver.context import Context
 from pserver.topology import Block
+from pserver.versions import VersionPool
 from pserver.wire import Header, Reply, Tag, WireError, header_buffer, reply_tag
 
 
@@ -28,8 +33,8 @@ class Relay:
 
     block: Block
     parent: int
-    w: Any  # cached weights, served to the children
-    w_in: Any  # the parent's next weights land here
+    bufs: list[Any]  # weight versions, indexed as in ``pool``
+    pool: VersionPool  # current: served to the children; ``incoming``: the parent's next weights
     recv: Any  # a child's gradient
     total: Any  # sum of this round's gradients
     ts: int = 0  # timestamp of ``w`` (0: w0, which every rank builds from run.seed)
@@ -37,11 +42,18 @@ class Relay:
     got: set[int] = field(default_factory=set)  # children that pushed this round
     clock: list[int] = field(default_factory=list)  # (learner, timestamp) pairs, flattened
     waiting: list[Header] = field(default_factory=list)  # children's held pulls
-    serving: list[MPI.Request] = field(default_factory=list)  # weight sends reading ``w``
+    starved: list[Header] = field(default_factory=list)  # pulls held until a version is free
+    serving: list[tuple[MPI.Request, int]] = field(default_factory=list)  # (send, pool ticket)
     forwarding: list[MPI.Request] = field(default_factory=list)  # the sum going up
     outgoing: Any = None  # what MPI sends ``w`` from (itself, or its staged host copy)
+    incoming: int = -1  # the version the parent's next weights land in
     asked: MPI.Request | None = None
     posted: MPI.Request | None = None
+
+    @property
+    def w(self) -> Any:
+        """The cached weights served to the children."""
+        return self.bufs[self.pool.current]
 
 
 class Aggregator:
@@ -60,7 +72,7 @@ class Aggregator:
         self.up = Payloads(ctx.backend, ctx.blocks, weights.dtype, staging)  # gradient sums
         self.down = Payloads(ctx.backend, ctx.blocks, weights.dtype, staging)  # weights
         for r in self.relays.values():
-            r.outgoing = self.down.outgoing(r.block.index, r.w)
+            r.outgoing = self.down.outgoing_version(r.block.index, r.pool.current, r.w)
         self.out = header_buffer()
         self.replies = header_buffer(len(ctx.blocks))
         self.clockbuf = np.empty(0, dtype=np.int64)
@@ -68,10 +80,13 @@ class Aggregator:
         self.handlers = {Tag.PUSH: self.on_push, Tag.PULL: self.on_pull, Tag.BYE: self.on_bye}
 
     def make_relay(self, b: Block, parent: int, weights: Any) -> Relay:
+        """Versions: ``comm.versions`` (0: one per child + the served one), plus the buffer the
+        parent's next weights arrive in."""
         xp, n = self.xp, b.size
         w0 = xp.array(weights[b.start : b.stop], dtype=weights.dtype)
+        limit = (self.ctx.cfg.comm.versions or 1 + len(self.children)) + 1
         return Relay(
-            b, parent, w0, xp.empty(n, weights.dtype),
+            b, parent, [w0], VersionPool(limit),
             xp.empty(n, weights.dtype), xp.empty(n, weights.dtype),
         )
 
@@ -81,12 +96,13 @@ class Aggregator:
         inbox = Inbox(self.ch.ctrl, self.waiter, self.ctx.peers)
         what = lambda: f"children {sorted(self.live)} or the parent"  # noqa: E731
         while self.live:
-            h = inbox.next(what, also=self.parent_replies)
+            h = inbox.next(what, also=lambda: self.parent_replies() or self.released())
             if h is not None:
                 handler = self.handlers.get(h.kind)
                 if handler is None:
                     raise WireError(f"aggregator got unexpected {h} from rank {h.sender}")
                 handler(h)
+            self.answer_starved()
             self.records.maybe_send()
         inbox.close()
         self.finish()
@@ -96,7 +112,13 @@ class Aggregator:
     def ask(self, r: Relay) -> None:
         """Long poll: the parent answers with the first weights newer than ours (or STOP)."""
         b = r.block
-        r.posted = self.ch.bulk.Irecv(self.down.incoming(b.index, r.w_in), r.parent, b.index)
+        r.incoming = r.pool.reserve()
+        if r.incoming is None:  # VersionPool.may_pin leaves one after every publish
+            raise RuntimeError(f"no free version of block {b.index} for the parent's weights")
+        while len(r.bufs) < r.pool.allocated:
+            r.bufs.append(self.xp.empty_like(r.bufs[0]))
+        w_in = r.bufs[r.incoming]
+        r.posted = self.ch.bulk.Irecv(self.down.incoming(b.index, w_in), r.parent, b.index)
         hdr = Header(Tag.PULL, b.index, r.ts, self.ctx.rank, r.ts + 1)
         self.ch.ctrl.Send(hdr.pack(self.out[0]), r.parent, Tag.PULL)
         row = self.replies[b.index]
@@ -119,11 +141,13 @@ class Aggregator:
         elif h.aux == Reply.WEIGHTS:
             self.waiter.wait(r.posted, f"weights of block {r.block.index} from the parent")
             r.posted = None
-            self.down.arrived(r.block.index, r.w_in)
-            self.bytes_in += r.w_in.nbytes
-            self.drain(r.serving, "weight sends to children")
-            r.w, r.w_in, r.ts = r.w_in, r.w, h.timestamp  # pointer swap
-            r.outgoing = self.down.outgoing(r.block.index, r.w)  # staged once, sent to every child
+            self.down.arrived(r.block.index, r.bufs[r.incoming])
+            self.bytes_in += r.w.nbytes
+            self.collect(r)
+            r.pool.publish(r.incoming)  # the new weights are served; the old stay for their sends
+            r.ts = h.timestamp
+            # staged once, sent to every child (a staged copy per version: sends may read it)
+            r.outgoing = self.down.outgoing_version(r.block.index, r.pool.current, r.w)
             self.ask(r)
         else:
             raise WireError(f"unexpected reply {h} to a long poll")
@@ -139,10 +163,37 @@ class Aggregator:
             r.waiting.append(h)
         elif r.ts == h.timestamp:
             self.reply(h.sender, r, Reply.CURRENT)
+        elif not (r.pool.may_pin() or (self.collect(r) and r.pool.may_pin())):
+            r.starved.append(h)  # only this pull waits for a version to be released
         else:
             self.reply(h.sender, r, Reply.WEIGHTS)
-            r.serving.append(self.ch.bulk.Isend(r.outgoing, h.sender, r.block.index))
+            req = self.ch.bulk.Isend(r.outgoing, h.sender, r.block.index)
+            r.serving.append((req, r.pool.pin()))
             self.bytes_out += r.w.nbytes
+
+    def collect(self, r: Relay) -> bool:
+        """Release the versions read by sends to children that completed; True if any did."""
+        done = [(q, t) for q, t in r.serving if q.Test()]
+        for item in done:
+            r.serving.remove(item)
+            r.pool.release(item[1])
+        return bool(done)
+
+    def released(self) -> bool:
+        """Whether a pull held for lack of a version may go now (polled while idle)."""
+        for r in self.relays.values():
+            if r.starved:
+                self.collect(r)
+                if r.pool.may_pin():
+                    return True
+        return False
+
+    def answer_starved(self) -> None:
+        for r in self.relays.values():
+            if r.starved and r.pool.may_pin():
+                starved, r.starved = r.starved, []
+                for h in starved:
+                    self.on_pull(h)
 
     def reply(self, dest: int, r: Relay, kind: Reply) -> None:
         Header(Tag.REPLY, r.block.index, r.ts, self.ctx.rank, int(kind)).pack(self.out[0])
@@ -203,7 +254,8 @@ class Aggregator:
 
     def finish(self) -> None:
         for r in self.relays.values():
-            self.drain(r.serving, "weight sends to children")
+            self.drain([q for q, _ in r.serving], "weight sends to children")
+            r.serving.clear()
             self.drain(r.forwarding, "the last sum to reach the parent")
             if r.asked is not None:  # not stopped yet: the parent still owes an answer
                 self.waiter.wait(r.asked, f"the parent's last reply for block {r.block.index}")

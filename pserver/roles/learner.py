@@ -86,7 +86,8 @@ class Learner:
         p = self.cfg.protocol
         self.partial = PartialPull(len(self.blocks), p.pull_fraction, p.tau2)
         self.rule = PullRule(pull_timestamp(self.cfg), self.waits_for_update)
-        self.extra_compute = inject_plan(self.cfg).compute_time_for(self.index)
+        self.inject = inject_plan(self.cfg)
+        self.extra_compute = self.inject.compute_time_for(self.index)
         self.slow = self.index == self.cfg.inject.slow_learner
         self.steps = 0
         self.compute_time = self.pull_time = self.push_time = 0.0
@@ -112,6 +113,7 @@ class Learner:
         self.prefetch.release()
         self.push()
         t4 = time.perf_counter()
+        self.freeze()
         self.compute_time += t3 - t2
         self.pull_time += t1 - t0
         self.push_time += t4 - t3
@@ -146,6 +148,12 @@ class Learner:
             extra += (self.cfg.inject.learner_factor - 1.0) * (time.perf_counter() - started)
         if extra > 0.0:
             time.sleep(extra)
+
+    def freeze(self) -> None:
+        """``inject.freeze_*``: stop without calling MPI, weights of our pull on their way."""
+        seconds = self.inject.freeze_for(self.index, self.steps)
+        if seconds > 0.0:
+            time.sleep(seconds)
 
     # -- pull --------------------------------------------------------------------------------
 
@@ -207,7 +215,7 @@ class Learner:
                 self.ctx.shm.sync()
                 self.window_w = self.ctx.shm.weights(self.shared[b.index], b, version)
             elif b.index in self.shared:
-                self.copy_shared(b)
+                self.copy_shared(b, version)
             else:
                 req = self.posted.pop(b.index)
                 self.waiter.wait(req, f"weights payload of block {b.index}")
@@ -220,11 +228,12 @@ class Learner:
         else:
             raise WireError(f"unknown reply {h}")
 
-    def copy_shared(self, b: Block) -> None:
-        """Copy block ``b`` out of its shard's window, then let the shard update it again."""
+    def copy_shared(self, b: Block, version: int) -> None:
+        """Copy block ``b`` (the version the reply names) out of its shard's window, then
+        acknowledge: the shard may reuse that version once every copy of it is acknowledged."""
         shm, server = self.ctx.shm, self.shared[b.index]
         shm.sync()
-        self.xp.copyto(self.w_comm[b.start : b.stop], shm.weights(server, b))
+        self.xp.copyto(self.w_comm[b.start : b.stop], shm.weights(server, b, version))
         self.ch.ack.Send(self.ack, server, b.index)
 
     def install(self, fresh: list[Block]) -> None:

@@ -35,6 +35,7 @@ from pserver.context import Context
 from pserver.inflight import InflightWindow, inflight_limit
 from pserver.roles.learner import Learner
 from pserver.topology import Block
+from pserver.versions import VersionPool
 from pserver.wire import Header, Reply, Tag, WireError, header_buffer, reply_tag
 
 
@@ -64,7 +65,14 @@ class OverlapLearner(Learner):
         self.kids_live = set(self.kids)
         self.kid_hbuf = header_buffer()
         self.kid_waiting: list[Header] = []
-        self.serving: list[MPI.Request] = []  # weight sends to children, reading ``w``
+        # children are served from versions of the model (pserver.versions): a send pins the
+        # one it reads, so installing a new model never waits for a slow or stopped child
+        self.serving: list[tuple[MPI.Request, int]] = []  # (weight send to a child, pool ticket)
+        self.kid_starved: list[Header] = []  # pulls held until a version is free
+        limit = (self.cfg.comm.versions or 1 + len(self.kids)) + 1  # + the one pulled into
+        self.kid_pool = VersionPool(limit)
+        self.kid_bufs = [self.w, self.w_comm]
+        self.kid_incoming = self.kid_pool.reserve()  # w_comm: where the next model arrives
         self.relay = Payloads(ctx.backend, self.blocks, self.w.dtype, self.cfg.comm.staging)
         self.relayed_bytes = 0
 
@@ -81,8 +89,11 @@ class OverlapLearner(Learner):
         if self.pushing and MPI.Request.Testall(self.pushing):
             self.pushing = []
             changed = True
-        if self.serving and MPI.Request.Testall(self.serving):
-            self.serving = []
+        self.collect_kids()
+        if self.kid_starved and self.kid_pool.may_pin():  # whoever released the version
+            starved, self.kid_starved = self.kid_starved, []
+            for h in starved:
+                self.serve_kid(h)
         while self.kids_live:
             # a matched probe, not a posted ANY_SOURCE Irecv, which MPICH's UCX netmod loses
             # across hosts (docs/architecture.md, "Wildcard receives"); a header is eager-sized,
@@ -114,11 +125,22 @@ class OverlapLearner(Learner):
             self.kid_waiting.append(h)
         elif ts == h.timestamp:
             self.reply_kid(h.sender, b, ts, Reply.CURRENT)
+        elif not (self.kid_pool.may_pin() or (self.collect_kids() and self.kid_pool.may_pin())):
+            self.kid_starved.append(h)  # only this pull waits for a version to be released
         else:
             self.reply_kid(h.sender, b, ts, Reply.WEIGHTS)
-            buf = self.relay.outgoing(b.index, self.w[b.start : b.stop])
-            self.serving.append(self.ch.bulk.Isend(buf, h.sender, b.index))
+            v = self.kid_pool.current
+            buf = self.relay.outgoing_version(b.index, v, self.w[b.start : b.stop])
+            self.serving.append((self.ch.bulk.Isend(buf, h.sender, b.index), self.kid_pool.pin()))
             self.relayed_bytes += buf.nbytes
+
+    def collect_kids(self) -> bool:
+        """Release the versions read by sends to children that completed; True if any did."""
+        done = [(r, t) for r, t in self.serving if r.Test()]
+        for item in done:
+            self.serving.remove(item)
+            self.kid_pool.release(item[1])
+        return bool(done)
 
     def reply_kid(self, dest: int, b: Block, ts: int, kind: Reply) -> None:
         Header(Tag.REPLY, b.index, ts, self.ctx.rank, int(kind)).pack(self.out[0])
@@ -179,20 +201,44 @@ class OverlapLearner(Learner):
                 self.window.ask(index)
 
     def install_arrived(self) -> None:
-        MPI.Request.Waitall(self.serving)  # children's copies read w, which the swap recycles
-        self.serving = []
         fresh = [self.by_index[i] for i in self.arrived]
         for b in fresh:
             self.have[b.index] = self.arrived[b.index]
         self.arrived.clear()
         self.current.clear()
-        self.install(fresh)
+        if self.kids:
+            self.install_version(fresh)
+        else:
+            self.install(fresh)
         if self.window is None:
             self.ask_all()
         else:
             self.window.install()
             self.ask_uncovered()
         self.answer_kids()
+
+    def install_version(self, fresh: list[Block]) -> None:
+        """Install with children reading ``w``: the model that arrived becomes the current
+        version and the next one is pulled into a version no send reads (copy-on-write when
+        only some blocks arrived), so a child's open send is never waited for."""
+        pool, bufs = self.kid_pool, self.kid_bufs
+        self.collect_kids()
+        if len(fresh) == len(self.blocks) and not self.posted:  # whole model: w_comm becomes w
+            pool.publish(self.kid_incoming)
+            self.kid_incoming = pool.reserve()  # VersionPool.may_pin leaves one
+        else:  # some blocks (others stopped): copy them into a version nobody reads
+            write = pool.write()
+            self.ensure_versions()
+            if write.copy_from is not None:
+                self.xp.copyto(bufs[write.target], bufs[write.copy_from])
+            self.w = bufs[write.target]
+            self.install(fresh)
+        self.ensure_versions()
+        self.w, self.w_comm = bufs[pool.current], bufs[self.kid_incoming]
+
+    def ensure_versions(self) -> None:
+        while len(self.kid_bufs) < self.kid_pool.allocated:
+            self.kid_bufs.append(self.xp.empty_like(self.w))
 
     def start_push(self, grad: Any) -> None:
         for b in self.blocks:
@@ -268,6 +314,7 @@ class OverlapLearner(Learner):
             self.push_time += self.wait(lambda: not self.pushing, "the last push")
             self.wait(lambda: not self.kids_live, f"child learners {sorted(self.kids_live)}")
             self.wait(lambda: not self.serving, "weight sends to child learners")
+            self.wait(lambda: not self.kid_starved, "pulls of child learners to be served")
         finally:
             self.closing.set()
             if self.threaded:
@@ -306,6 +353,7 @@ class OverlapLearner(Learner):
                     need_new = False
                 if self.may_go(need_new):
                     break
+        self.freeze()  # inject.freeze_*: our long poll is out, its answer will wait for us
         X, y = self.prefetch.get()
         started = time.perf_counter()
         self.grad = self.grads[self.steps % 2]  # free: its push finished before the last began

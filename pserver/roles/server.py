@@ -24,6 +24,7 @@ from pserver.context import Context
 from pserver.optim import make_updater, scheduled_lr
 from pserver.protocols import Arrival, Protocol, UpdateDecision, make_protocol
 from pserver.topology import Block
+from pserver.versions import VersionPool
 from pserver.wire import (
     Header,
     Reply,
@@ -50,7 +51,13 @@ def snapshot_queue(shard_bytes: int) -> int:
 
 @dataclass
 class BlockState:
-    """One block's weights, timestamp, protocol round and in-flight sends."""
+    """One block's weights, timestamp, protocol round and in-flight sends.
+
+    Pulls are served from versions (``pserver.versions``): ``bufs`` are the buffers weight
+    sends read (versions of ``w``, or with host staging its staged copies), ``pool`` says which
+    one is current and which are pinned by a send still in flight, so an update never waits
+    for a receiver.
+    """
 
     block: Block
     w: Any
@@ -63,15 +70,17 @@ class BlockState:
     applied: int = 0  # gradients that entered an update
     in_round: int = 0  # gradients accumulated into ``accum`` this round
     held: Any = None  # the round's one gradient where it arrived (``recv`` or a shared slot)
-    version: int = 0  # which shared-window version ``w`` is (comm.transport = "shm")
-    readers: dict[int, int] = field(default_factory=dict)  # learner -> version it computes on
+    pool: VersionPool = field(default_factory=lambda: VersionPool(2))
+    bufs: list[Any] = field(default_factory=list)  # what sends read, indexed as in ``pool``
+    readers: dict[int, int] = field(default_factory=dict)  # learner -> ticket of its version
     done: bool = False
     dropped: int = 0  # gradients the protocol refused
-    outgoing: Any = None  # what MPI sends the weights from (``w`` itself, or its host mirror)
-    staged_ts: int = -1
+    staged_ts: int = -1  # timestamp of the staged (or device-synchronized) current version
+    copy_cost: float = 0.0  # seconds the last copy-on-write of the block took
     next_epoch: int = 1
     waiting_pulls: list[Header] = field(default_factory=list)
-    inflight: list[MPI.Request] = field(default_factory=list)  # sends reading ``w``
+    starved: list[Header] = field(default_factory=list)  # pulls held until a version is free
+    inflight: list[tuple[MPI.Request, int]] = field(default_factory=list)  # (send, pool ticket)
     snapshot_reqs: list[MPI.Request] = field(default_factory=list)  # header and payload
     snapshot_hdr: Any = None  # the header those sends read
     queued: list[tuple[int, int, Any]] = field(default_factory=list)  # (epoch, ts, host copy)
@@ -96,9 +105,11 @@ class ServerShard:
         self.zero_copy = self.shm is not None and self.shm.zero_copy(ctx.rank)
         # learners whose payloads go through our window (the others use messages)
         self.window_peers = frozenset(self.shm.local[ctx.rank] if self.shm is not None else ())
-        self.blocks = {b.index: self.make_state(b, weights) for b in ctx.blocks_of(self.shard)}
         mine = ctx.blocks_of(self.shard)
         self.payloads = Payloads(ctx.backend, mine, weights.dtype, self.cfg.comm.staging)
+        # with host staging MPI reads staged copies, which are versioned; else w itself is
+        self.staged = self.payloads.staged and self.shm is None
+        self.blocks = {b.index: self.make_state(b, weights) for b in mine}
         self.handlers = {Tag.PUSH: self.on_push, Tag.PULL: self.on_pull, Tag.BYE: self.on_bye}
         self.first_block = min(self.blocks)
         self.snapshot_depth = snapshot_queue(sum(st.snapshot.nbytes for st in self.blocks.values()))
@@ -118,12 +129,21 @@ class ServerShard:
         return BlockState(
             block=b,
             w=w,
+            pool=VersionPool(self.version_limit()),
+            bufs=[] if self.staged else [w],
             recv=xp.empty_like(w),
             accum=xp.zeros_like(w),
             snapshot=np.empty(b.size, dtype=dtype),  # on the host: stats stay off the GPU
             protocol=make_protocol(self.cfg, len(self.ctx.layout.learners)),
             updater=make_updater(self.cfg.optim, b.size, xp, dtype),
         )
+
+    def version_limit(self) -> int:
+        """Buffers per block (``comm.versions``; 0: one per reader plus the current one, so a
+        pull is never held for lack of a version). The shared window holds its versions."""
+        if self.shm is not None:
+            return self.shm.versions[self.ctx.rank]
+        return self.cfg.comm.versions or 1 + len(self.live)
 
     def run(self) -> None:
         self.ctx.log.info(
@@ -134,7 +154,9 @@ class ServerShard:
         inbox = Inbox(self.ch.ctrl, self.waiter, self.ctx.peers)
         what = lambda: f"a push or pull from learners {sorted(self.live)}"  # noqa: E731
         while self.live:
-            header = inbox.next(what, due=self.next_due(), clock=self.ctx.now)
+            header = inbox.next(
+                what, also=self.released, due=self.next_due(), clock=self.ctx.now
+            )
             if header is not None:
                 handler = self.handlers.get(header.kind)
                 if handler is None:
@@ -143,6 +165,7 @@ class ServerShard:
                 handler(header)
                 self.slow_down(time.perf_counter() - started)
             self.on_time()
+            self.answer_starved()
             self.records.maybe_send()
         inbox.close()
         self.finish()
@@ -177,7 +200,8 @@ class ServerShard:
         if self.shared(h):  # the learner computed it in its slot of our window
             g = self.shm.slot(self.ctx.rank, h.sender, st.block)
             self.shm.sync()
-            st.readers.pop(h.sender, None)  # done computing: it reads no version until answered
+            if h.sender in st.readers:  # done computing: it reads no version until answered
+                st.pool.release(st.readers.pop(h.sender))
         else:
             g = st.recv
             req = self.ch.bulk.Irecv(self.payloads.incoming(h.block, g), h.sender, h.block)
@@ -250,18 +274,84 @@ class ServerShard:
         g = st.accum if st.held is None else st.held
         if decision.divisor != 1.0:
             self.xp.multiply(g, 1.0 / decision.divisor, out=g)
-        self.waitall(st.inflight, f"weight sends of block {st.block.index} to drain")
-        if st.version in st.readers.values():  # a learner computes on these weights: leave them
-            free = set(range(self.shm.versions[self.ctx.rank])) - set(st.readers.values())
-            st.version = min(free)  # never empty: one version more than there are learners
-            w = self.shm.weights(self.ctx.rank, st.block, st.version)
-            self.xp.copyto(w, st.w)
-            st.w = w
+        if not self.staged:  # sends read w itself: never under them (copy-on-write)
+            self.new_version(st)
         st.updater.step(st.w, g, lr)
         st.ts, st.in_round, st.held = decision.new_timestamp, 0, None
         st.applied += len(decision.vector_clock)
         self.record_update(st, decision, lr)
         self.after_update(st)
+
+    def new_version(self, st: BlockState) -> None:
+        """Make ``st.w`` a buffer no send or learner reads, for the update to write.
+
+        In place when every send of the current version has completed; else the weights are
+        copied to a free version (allocated up to ``comm.versions``), which the pool's rule
+        (``VersionPool.may_pin``) keeps whenever the current one is read. Sends to responsive
+        receivers are given at most as long as that copy takes (the last one's duration) to
+        complete first: driving them is work the shard does anyway, the copy is not. A stopped
+        receiver thus delays an update by at most one copy's time, and only the first update
+        after it stopped (later ones find its version no longer current).
+        """
+        self.give_sends(st, st.copy_cost or st.w.nbytes / 2e9)
+        write = st.pool.write()
+        while len(st.bufs) < st.pool.allocated:
+            st.bufs.append(self.version_buffer(st, len(st.bufs)))
+        if write.copy_from is not None:
+            started = time.perf_counter()
+            self.xp.copyto(st.bufs[write.target], st.bufs[write.copy_from])
+            st.copy_cost = time.perf_counter() - started
+        st.w = st.bufs[write.target]
+
+    def give_sends(self, st: BlockState, seconds: float) -> None:
+        """Let the sends reading the current version complete, for at most ``seconds``; not
+        when a learner computes on it (shm zero-copy: that takes a whole minibatch)."""
+        self.collect(st)
+        current = st.pool.current
+        if st.pool.readers(current) == 0 or any(
+            st.pool.pins.get(t) == current for t in st.readers.values()
+        ):
+            return
+        deadline = time.perf_counter() + seconds
+
+        def done() -> bool:
+            self.collect(st)
+            return st.pool.readers(current) == 0 or time.perf_counter() >= deadline
+
+        self.waiter.until(done, lambda: f"weight sends of block {st.block.index} (bounded)")
+
+    def version_buffer(self, st: BlockState, version: int) -> Any:
+        """A new buffer for version ``version`` of the block (in the window with shm)."""
+        if self.shm is not None:
+            return self.shm.weights(self.ctx.rank, st.block, version)
+        return self.xp.empty_like(st.w)
+
+    def collect(self, st: BlockState) -> bool:
+        """Release the versions read by sends that have completed; True if any did."""
+        done = [(r, t) for r, t in st.inflight if r.Test()]
+        for item in done:
+            st.inflight.remove(item)
+            st.pool.release(item[1])
+        return bool(done)
+
+    def released(self) -> bool:
+        """Whether a pull held for lack of a version may go now (polled while idle)."""
+        for st in self.blocks.values():
+            if st.starved:
+                self.collect(st)
+                if st.pool.may_pin():
+                    return True
+        return False
+
+    def answer_starved(self) -> None:
+        for st in self.blocks.values():
+            if st.starved and st.pool.may_pin():
+                starved, st.starved = st.starved, []
+                for h in starved:
+                    self.answer(h)
+
+    def can_pin(self, st: BlockState) -> bool:
+        return st.pool.may_pin() or (self.collect(st) and st.pool.may_pin())
 
     def after_update(self, st: BlockState) -> None:
         """Epoch accounting, tests at epoch ends, the end of training, and the held pulls.
@@ -314,34 +404,61 @@ class ServerShard:
         """Rudra's timestamp inquiry: weights go out only when newer than the learner's copy.
 
         A pull is held while the block is older than the learner asks for (hardsync and PSP:
-        the next update) or while the protocol holds the learner back (SSP's bound).
+        the next update) or while the protocol holds the learner back (SSP's bound). A pull that
+        would read the current version is also held, alone, while serving it would leave no
+        free version for the next update (``VersionPool.may_pin``); a release lets it go.
         """
         st = self.blocks[h.block]
+        reads = self.zero_copy and h.sender in self.window_peers  # computes on the version
         if st.done:
             self.reply(h.sender, st, Reply.STOP)
         elif st.ts < h.aux or not st.protocol.pull_ready(self.ctx.layout.index(h.sender)):
             st.waiting_pulls.append(h)
-        elif st.ts == h.timestamp:
-            if self.zero_copy and h.sender in self.window_peers:
-                st.readers[h.sender] = st.version  # it goes on computing on its version
+        elif st.ts == h.timestamp and not reads:
             self.reply(h.sender, st, Reply.CURRENT)
-        elif h.sender in self.window_peers:
-            self.shm.sync()  # our update is visible before the reply that announces it
-            if self.zero_copy:
-                st.readers[h.sender] = st.version  # not written until its next push
-                self.reply(h.sender, st, Reply.WEIGHTS, st.version)
-            else:
-                self.reply(h.sender, st, Reply.WEIGHTS)
-                # the learner copies the block out of the window; like a send, its
-                # acknowledgement must come in before the next update of the block
-                st.inflight.append(self.ch.ack.Irecv(self.ack, h.sender, st.block.index))
-            self.bytes_out += st.w.nbytes
         else:
-            self.reply(h.sender, st, Reply.WEIGHTS)
-            if st.staged_ts != st.ts:  # stage once per update, however many learners pull it
-                st.outgoing, st.staged_ts = self.payloads.outgoing(st.block.index, st.w), st.ts
-            st.inflight.append(self.ch.bulk.Isend(st.outgoing, h.sender, st.block.index))
-            self.bytes_out += st.w.nbytes
+            if self.staged and st.staged_ts != st.ts:
+                self.stage(st)  # once per update, however many learners pull it
+            if not self.can_pin(st):
+                st.starved.append(h)
+            elif reads:  # not written until its next push
+                if h.sender in st.readers:  # cannot happen (a push comes between): no leak
+                    st.pool.release(st.readers.pop(h.sender))
+                st.readers[h.sender] = st.pool.pin()
+                current = st.ts == h.timestamp
+                if not current:
+                    self.shm.sync()  # our update is visible before the reply that announces it
+                    self.bytes_out += st.w.nbytes
+                kind = Reply.CURRENT if current else Reply.WEIGHTS
+                self.reply(h.sender, st, kind, st.pool.current)
+            else:
+                self.send_weights(h.sender, st)
+
+    def send_weights(self, dest: int, st: BlockState) -> None:
+        """Reply with the current version; the send (or the window copy's acknowledgement)
+        pins that version until it completes."""
+        b = st.block.index
+        if dest in self.window_peers:  # the learner copies the version out, then acknowledges
+            self.shm.sync()
+            self.reply(dest, st, Reply.WEIGHTS, st.pool.current)
+            req = self.ch.ack.Irecv(self.ack, dest, b)
+        else:
+            self.reply(dest, st, Reply.WEIGHTS)
+            if not self.staged and st.staged_ts != st.ts:  # MPI must not read a busy device
+                self.ctx.backend.synchronize()
+                st.staged_ts = st.ts
+            req = self.ch.bulk.Isend(st.bufs[st.pool.current], dest, b)
+        st.inflight.append((req, st.pool.pin()))
+        self.bytes_out += st.w.nbytes
+
+    def stage(self, st: BlockState) -> None:
+        """Copy ``w`` to a staged host version no send reads (never waits, see new_version)."""
+        self.collect(st)
+        write = st.pool.write(copy=False)
+        buf = self.payloads.outgoing_version(st.block.index, write.target, st.w)
+        if write.target == len(st.bufs):
+            st.bufs.append(buf)
+        st.staged_ts = st.ts
 
     def reply(self, dest: int, st: BlockState, kind: Reply, version: int = 0) -> None:
         aux = reply_aux(kind, version)
@@ -448,8 +565,16 @@ class ServerShard:
         reqs.clear()
 
     def finish(self) -> None:
+        pools = [st.pool for st in self.blocks.values()]
+        self.ctx.log.info(
+            "pulls served from at most %d version(s) of a block (bound %d); %d of %d writes "
+            "copied a version still being sent",
+            max(p.high_water for p in pools), pools[0].limit,
+            sum(p.copies for p in pools), sum(p.writes for p in pools),
+        )  # fmt: skip
         for st in self.blocks.values():
-            self.waitall(st.inflight, "weight sends to drain")
+            self.waitall([r for r, _ in st.inflight], "weight sends to drain")
+            st.inflight.clear()
             self.drain_snapshots(st)
         self.records.add(
             "servers",
