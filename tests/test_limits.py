@@ -46,7 +46,7 @@ def test_data_on_every_rank_of_the_node_is_counted():
 
 def test_run_check_names_the_largest_part_and_its_keys():
     sizes = RunSizes(n_params=GiB // 4, itemsize=4, activations=0, n_features=64, batch_size=32,
-                     prefetch=2, on_gpu=False)
+                     prefetch=2, on_gpu=False, versions=1)
     keys = {"model": "model.hidden = [1, 2]", "prefetch": "data.prefetch = 2"}
     budget = NodeBudget(8 * GiB, ["server", "stats", "data", "learner"], rank=0)
     with pytest.raises(ConfigError) as info:  # (5 + 2 + 0 + 4) GiB of model copies
@@ -93,3 +93,13 @@ def test_prepare_accepts_the_quickstart_on_a_small_node():
 
     ctx = prepare(load_config(None, []), 7, 3, logging.getLogger("test"), available=GiB)
     assert ctx.model.n_params > 0
+
+
+def test_the_shards_weight_versions_are_counted():
+    """A shard serves pulls from up to comm.versions copies of its blocks (pserver.versions)."""
+    one = RunSizes(GiB // 4, 4, 0, 64, 32, prefetch=2, on_gpu=False, versions=1)
+    three = RunSizes(GiB // 4, 4, 0, 64, 32, prefetch=2, on_gpu=False, versions=3)
+    assert three.rank_bytes("server")["model"] - one.rank_bytes("server")["model"] == 2 * GiB
+    assert three.rank_bytes("aggregator")["model"] - one.rank_bytes("aggregator")["model"] == (
+        2 * GiB)
+    assert three.rank_bytes("learner") == one.rank_bytes("learner")
