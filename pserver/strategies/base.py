@@ -4,8 +4,8 @@ A strategy is everything ``protocol.name`` selects: its family, its own typed ``
 parameters, the ranks it needs, the shard protocol its server blocks run (none for a family
 without servers), the learner exchange it uses, and the checks that tie its keys to the rest
 of the config. Nothing here imports the config (the config imports the registry); a check
-receives the descriptor and the
-``pserver.config.Config`` (types and bounds already checked) and raises ``ConfigError``.
+receives the descriptor and the ``pserver.config.Config`` (types, choices and bounds already
+checked) and raises ``ConfigError``.
 """
 
 from __future__ import annotations
