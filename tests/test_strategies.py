@@ -164,3 +164,14 @@ def test_docs_list_every_strategy_and_key():
             assert f"| `{p.key}` |" in section, p.key
     arch = (DOCS / "architecture.md").read_text()
     assert "## Adding a strategy" in arch
+
+
+def test_layout_without_servers_for_a_learners_only_strategy():
+    from pserver.topology import Role, make_layout
+
+    cfg = load_config(None)
+    layout = make_layout(4, replace(cfg, cluster=replace(cfg.cluster, servers=0)))
+    assert layout.servers == () and layout.members(Role.SERVER) == ()
+    assert [layout.describe(r) for r in range(4)] == [
+        "stats server", "data server", "learner 0", "learner 1"]
+    assert [layout.index(r) for r in range(4)] == [0, 0, 0, 1]
