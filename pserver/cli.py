@@ -19,9 +19,12 @@ from typing import IO
 from pserver import __version__
 from pserver.comm.waiting import PeerLog, Waiter
 from pserver.config import CommConfig, load_config
+from pserver.config import warnings as config_warnings
 from pserver.errors import PeerLost, RunError
 from pserver.logs import setup_logging, wait_until_read
 from pserver.startup import agree, failure_message, outcome, status_of
+from pserver.strategies import PS, PS_OVERLAP, lookup
+from pserver.topology import Role
 
 
 class Parser(argparse.ArgumentParser):
@@ -70,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)
         comm = cfg.comm
         log = setup_logging(rank, "starting", cfg.run.log_level)
+        for line in config_warnings(cfg) if rank == 0 else ():  # once per run
+            log.warning("%s", line)
         ctx = prepare(cfg, size, rank, log, local, nodes, peers)
     except BaseException as e:  # every failure must reach the agreement, or the others hang
         error = e
@@ -123,7 +128,6 @@ def run(ctx, world) -> None:  # noqa: ANN001 - Context and MPI.Comm, imported la
     """Build the role's driver and run it to the end of training."""
     from pserver.blas import limit_blas_threads
     from pserver.comm.channels import Channels
-    from pserver.topology import Role
 
     ctx.log = setup_logging(ctx.rank, ctx.layout.describe(ctx.rank), ctx.cfg.run.log_level)
     ctx.channels = Channels.create(world)
@@ -144,31 +148,66 @@ def run(ctx, world) -> None:  # noqa: ANN001 - Context and MPI.Comm, imported la
         )
     world.Barrier()
     ctx.t0 = time.time()
-    role = ctx.role
-    if role is Role.SERVER:
-        from pserver.roles.server import ServerShard
-
-        ServerShard(ctx, weights).run()
-    elif role is Role.LEARNER:
-        from pserver.roles.learner import Learner
-        from pserver.roles.overlap import OverlapLearner
-
-        (Learner if ctx.cfg.comm.mode == "blocking" else OverlapLearner)(ctx, weights).run()
-    elif role is Role.AGGREGATOR:
-        from pserver.roles.aggregator import Aggregator
-
-        Aggregator(ctx, weights).run()
-    elif role is Role.DATA:
-        from pserver.roles.dataserver import DataServer
-
-        DataServer(ctx).run()
-    else:
-        from pserver.roles.statserver import StatsServer
-
-        StatsServer(ctx).run()
+    DRIVERS[ctx.role](ctx, weights).run()
     if ctx.shm is not None:
         ctx.shm.free()
     ctx.channels.free()
+
+
+# -- the role drivers: each imports its own module only when its rank plays that role --------
+
+
+def server(ctx, weights):  # noqa: ANN001, ANN201 - Context, array -> ServerShard
+    from pserver.roles.server import ServerShard
+
+    return ServerShard(ctx, weights)
+
+
+def learner(ctx, weights):  # noqa: ANN001, ANN201 - Context, array -> the exchange's learner
+    exchange = lookup(ctx.cfg.protocol.name).exchange(ctx.cfg.comm.mode)
+    return EXCHANGES[exchange]()(ctx, weights)
+
+
+def aggregator(ctx, weights):  # noqa: ANN001, ANN201 - Context, array -> Aggregator
+    from pserver.roles.aggregator import Aggregator
+
+    return Aggregator(ctx, weights)
+
+
+def data_server(ctx, weights):  # noqa: ANN001, ANN201 - Context, unused -> DataServer
+    from pserver.roles.dataserver import DataServer
+
+    return DataServer(ctx)
+
+
+def stats_server(ctx, weights):  # noqa: ANN001, ANN201 - Context, unused -> StatsServer
+    from pserver.roles.statserver import StatsServer
+
+    return StatsServer(ctx)
+
+
+def ps_learner() -> type:
+    from pserver.roles.learner import Learner
+
+    return Learner
+
+
+def ps_overlap_learner() -> type:
+    from pserver.roles.overlap import OverlapLearner
+
+    return OverlapLearner
+
+
+#: Role -> a function (ctx, w0) -> the driver whose run() is the rank's whole life.
+DRIVERS = {
+    Role.SERVER: server,
+    Role.LEARNER: learner,
+    Role.AGGREGATOR: aggregator,
+    Role.DATA: data_server,
+    Role.STATS: stats_server,
+}
+#: A strategy's learner exchange (``pserver.strategies``, ``Strategy.exchanges``) -> its class.
+EXCHANGES = {PS: ps_learner, PS_OVERLAP: ps_overlap_learner}
 
 
 if __name__ == "__main__":

@@ -20,8 +20,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from pserver import strategies
 from pserver.errors import ConfigError
 from pserver.limits import MAX_CLASSES, MAX_POLL, MAX_SIZE_MIB
+from pserver.strategies.parameter_server import round_rule
+from pserver.unused import unused
 
 if typing.TYPE_CHECKING:
     from pserver.inject import InjectPlan
@@ -50,6 +53,10 @@ class ClusterConfig:
 
 @dataclass
 class ProtocolConfig:
+    """Every strategy's keys side by side. Which key belongs to which strategy, its bound and
+    its checks are the registry's (``pserver.strategies``; types and defaults tested equal):
+    a key the chosen strategy does not use is refused or warned about (``unused``)."""
+
     name: str = "hardsync"
     n: int = 1  # softsync: update after floor(lambda / n) gradients
     lr_policy: str = "auto"  # none | mean | per-gradient | auto (hardsync: none, softsync: mean)
@@ -153,16 +160,22 @@ class Config:
     comm: CommConfig = field(default_factory=CommConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
     inject: InjectConfig = field(default_factory=InjectConfig)
+    # the keys given in the file or the overrides ("section.key"), recorded by build(): a key
+    # is "set" when it was given, even at its default value
+    given: frozenset[str] = field(default_factory=frozenset, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        return dataclasses.asdict(self)
+        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+
+
+SECTIONS = tuple(f.name for f in dataclasses.fields(Config) if f.name != "given")
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "run.device": ("cpu", "gpu", "auto"),
     "run.log_level": ("debug", "info", "warning", "error"),
     "run.epoch_basis": ("applied", "computed"),
-    "protocol.name": ("hardsync", "softsync", "async", "psp", "ssp"),
+    "protocol.name": strategies.names(),
     "protocol.lr_policy": ("auto", "none", "mean", "per-gradient"),
     "protocol.pull_timestamp": ("auto", "iteration", "block"),
     "optim.rule": ("sgd", "momentum", "nesterov", "adagrad"),
@@ -178,7 +191,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
 
 POSITIVE = {
     "run.epochs",
-    "protocol.n",
     "optim.lr",
     "optim.lr_gamma",
     "data.batch_size",
@@ -195,27 +207,25 @@ POSITIVE = {
     "stats.flush_interval",
     "stats.buffer_rows",
     "stats.test_every",
-    "cluster.servers",
 }
 NON_NEGATIVE = {
     "run.blas_threads",
+    "cluster.servers",  # > 0 for the strategies with server shards (check_ranks)
     "comm.max_inflight",
     "cluster.learners",
     "cluster.tree_fanout",
     "cluster.bcast_fanout",
     "comm.versions",
-    "protocol.ref_batch",
     "optim.momentum",
     "optim.weight_decay",
     "optim.eps",
     "run.seed",
     "inject.compute_time",
-    "protocol.c",
-    "protocol.tau1",
-    "protocol.s",
-    "protocol.tau2",
     "inject.fail_step",
 }
+# the bounds of the strategies' own keys (protocol.n > 0, protocol.c >= 0, ...)
+POSITIVE |= {f"protocol.{k}" for k, p in strategies.params().items() if p.bound == "> 0"}
+NON_NEGATIVE |= {f"protocol.{k}" for k, p in strategies.params().items() if p.bound == ">= 0"}
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -267,8 +277,10 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 
 def build(raw: dict[str, Any]) -> Config:
+    """The config of the tables in ``raw`` over the defaults; ``given`` records their keys."""
     cfg = Config()
-    sections = {f.name: f for f in dataclasses.fields(Config)}
+    sections = set(SECTIONS)
+    given: set[str] = set()
     for section, table in raw.items():
         if section not in sections:
             raise ConfigError(
@@ -283,6 +295,8 @@ def build(raw: dict[str, Any]) -> Config:
                 known = ", ".join(sorted(hints))
                 raise ConfigError(f"unknown config key {section}.{key}; [{section}] has: {known}")
             setattr(target, key, coerce(f"{section}.{key}", value, hints[key]))
+            given.add(f"{section}.{key}")
+    cfg.given = frozenset(given)
     return cfg
 
 
@@ -327,38 +341,10 @@ def validate(cfg: Config) -> Config:
     for key in NON_NEGATIVE:
         if not get(cfg, key) >= 0:
             raise ConfigError(f"{key} = {get(cfg, key)!r}: expected a value >= 0")
-    if not 0.0 < cfg.protocol.pull_fraction <= 1.0:
-        raise ConfigError(
-            f"protocol.pull_fraction = {cfg.protocol.pull_fraction!r}: expected a share in (0, 1]"
-        )
+    strategy = strategies.lookup(cfg.protocol.name)
+    check_ranks(strategy, cfg)
     inject_plan(cfg).validate()
-    check_pull_timestamp(cfg)
-    if cfg.comm.mode != "blocking" and (
-        cfg.protocol.name == "ssp" or cfg.protocol.pull_fraction < 1.0
-    ):
-        raise ConfigError(
-            f"comm.mode = {cfg.comm.mode!r} overlaps pulls with compute, which SSP's bound and "
-            "partial pulling (protocol.pull_fraction < 1) do not allow: use comm.mode = "
-            '"blocking"'
-        )
-    if cfg.comm.max_inflight and (
-        cfg.comm.mode == "blocking" or cfg.protocol.name in ("hardsync", "psp")
-    ):
-        raise ConfigError(
-            f"comm.max_inflight = {cfg.comm.max_inflight}: bounds how far an overlapped learner "
-            "runs ahead of its own gradients under async and softsync; with comm.mode = "
-            f"{cfg.comm.mode!r} and protocol.name = {cfg.protocol.name!r} a learner already "
-            "waits for each new model: leave it 0"
-        )
-    if cfg.cluster.tree_fanout and (
-        cfg.protocol.name in ("psp", "ssp") or cfg.protocol.lr_policy == "per-gradient"
-        or cfg.protocol.pull_fraction < 1.0
-    ):
-        raise ConfigError(
-            "cluster.tree_fanout: aggregators sum gradients before the server sees them, which "
-            "psp, ssp, per-gradient learning rates and partial pulling need apart; use "
-            "hardsync, softsync or async with the tree"
-        )
+    strategy.check(cfg)  # the strategy's cross-field checks (pserver/strategies/)
     if cfg.comm.transport == "shm" and (
         cfg.comm.mode != "blocking"
         or cfg.cluster.tree_fanout
@@ -403,50 +389,37 @@ def validate(cfg: Config) -> Config:
             f"comm.poll_min = {cfg.comm.poll_min} exceeds comm.poll_max = {cfg.comm.poll_max}"
         )
     validate_bounds(cfg)
+    refused, _ = unused(cfg)
+    if refused:
+        raise ConfigError(refused[0])
     return cfg
 
 
-#: Protocols that wait for every learner's gradient of a round (``waits_for_update``).
-ROUND_PROTOCOLS = ("hardsync", "psp")
+def warnings(cfg: Config) -> list[str]:
+    """The given keys this run ignores but does not refuse (``pserver.unused.WARNED``): rank 0
+    logs them once at start."""
+    return unused(cfg)[1]
+
+
+def check_ranks(strategy: strategies.Strategy, cfg: Config) -> None:
+    """``cluster.servers`` against the ranks the strategy needs (``Strategy.ranks``)."""
+    n = cfg.cluster.servers
+    if strategy.ranks.servers and n < 1:
+        raise ConfigError(
+            f"cluster.servers = {n}: expected a value > 0; protocol.name = {strategy.name!r} "
+            "keeps the model on parameter-server shards"
+        )
+    if not strategy.ranks.servers and n:
+        raise ConfigError(
+            f"cluster.servers = {n}: protocol.name = {strategy.name!r} runs without "
+            "parameter-server shards; set cluster.servers = 0"
+        )
 
 
 def pull_timestamp(cfg: Config) -> str:
-    """The round a push answers: ``"iteration"`` or ``"block"`` (pserver/protocols/rounds.py).
-
-    ``auto``: the iteration rule of PSP-SGD's Algorithm 1 where partial pulling meets a protocol
-    that waits for every learner (the block rule can deadlock there), the block rule elsewhere
-    (with ``pull_fraction = 1`` the two take the same gradients).
-    """
-    p = cfg.protocol
-    if p.pull_timestamp != "auto":
-        return p.pull_timestamp
-    return "iteration" if p.name in ROUND_PROTOCOLS and p.pull_fraction < 1.0 else "block"
-
-
-def check_pull_timestamp(cfg: Config) -> None:
-    """Refuse the combinations of ``protocol.pull_timestamp`` that can hang or mean nothing."""
-    p, rule = cfg.protocol, cfg.protocol.pull_timestamp
-    if rule == "block" and p.name in ROUND_PROTOCOLS and p.pull_fraction < 1.0:
-        raise ConfigError(
-            f'protocol.pull_timestamp = "block" with protocol.pull_fraction < 1 can deadlock '
-            f"under {p.name}: a gradient computed on a kept, older block copy carries that "
-            "block's timestamp, is dropped and never counts as the learner's response; use "
-            'pull_timestamp = "iteration" (or "auto"), PSP-SGD\'s rule'
-        )
-    if rule != "iteration":
-        return
-    if p.name not in ROUND_PROTOCOLS:
-        raise ConfigError(
-            f'protocol.pull_timestamp = "iteration" applies to hardsync and psp only; {p.name} '
-            'accepts gradients of any age: use "auto" or "block"'
-        )
-    if cfg.cluster.tree_fanout or cfg.comm.mode != "blocking":
-        raise ConfigError(
-            'protocol.pull_timestamp = "iteration" needs cluster.tree_fanout = 0 and '
-            'comm.mode = "blocking": aggregators relay (learner, timestamp) pairs without the '
-            "iteration, and the overlapped learners (and the bcast tree they need) tag each "
-            "block with its own timestamp"
-        )
+    """The round a push answers: ``"iteration"`` or ``"block"`` (pserver/protocols/rounds.py,
+    resolved by the family's rule, ``pserver.strategies.parameter_server.round_rule``)."""
+    return round_rule(strategies.lookup(cfg.protocol.name), cfg)
 
 
 def validate_bounds(cfg: Config) -> None:

@@ -21,7 +21,7 @@ from pserver.config import Config, check_fail_learner, inject_plan
 from pserver.errors import ConfigError
 from pserver.limits import NodeBudget, RunSizes, available_memory, check_blas_threads
 from pserver.outdir import check_out_dir
-from pserver.protocols import make_protocol
+from pserver.strategies import lookup
 from pserver.topology import Block, Layout, Role, make_layout, split_blocks
 
 DUMP_NAME = "stats.h5"
@@ -105,7 +105,9 @@ def prepare(
     check_thread_level(cfg.comm.mode, MPI.Query_thread())
     layout = make_layout(world_size, cfg, nodes)
     n_learners = len(layout.learners)
-    make_protocol(cfg, n_learners)  # a protocol that cannot run with this λ fails here
+    strategy = lookup(cfg.protocol.name)
+    if strategy.protocol is not None:  # a shard protocol that cannot run with this λ fails here
+        strategy.protocol(cfg, n_learners)
     inject_plan(cfg).validate(len(layout.servers), n_learners)
     check_fail_learner(cfg, n_learners)
     check_blas_threads(cfg.run.blas_threads)

@@ -29,6 +29,12 @@ class Role(enum.Enum):
     LEARNER = "learner"
 
 
+#: The Layout field that lists the ranks of each numbered role (one rank each: stats, data).
+ROLE_FIELDS = {Role.SERVER: "servers", Role.AGGREGATOR: "aggregators", Role.LEARNER: "learners"}
+#: Roles described with their index ("learner 3"); the others are "stats server", "data server".
+NUMBERED = frozenset(ROLE_FIELDS)
+
+
 @dataclass(frozen=True)
 class Layout:
     """Which rank plays which role; built identically on every rank.
@@ -45,34 +51,30 @@ class Layout:
     aggregators: tuple[int, ...] = ()
     parent: dict[int, int] = field(default_factory=dict)
     bcast_parent: dict[int, int] = field(default_factory=dict)  # learner -> learner it pulls from
+    _roles: dict[int, Role] = field(init=False, repr=False, compare=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._roles.update({r: role for role in Role for r in self.members(role)})
+
+    def members(self, role: Role) -> tuple[int, ...]:
+        """The ranks playing ``role``, in the order of their index."""
+        if role is Role.STATS or role is Role.DATA:
+            return (getattr(self, role.value),)
+        return getattr(self, ROLE_FIELDS[role])
 
     def role(self, rank: int) -> Role:
-        if rank in self.servers:
-            return Role.SERVER
-        if rank == self.stats:
-            return Role.STATS
-        if rank == self.data:
-            return Role.DATA
-        if rank in self.learners:
-            return Role.LEARNER
-        if rank in self.aggregators:
-            return Role.AGGREGATOR
-        raise TopologyError(f"rank {rank} is outside the world of {self.world_size} ranks")
+        role = self._roles.get(rank)
+        if role is None:
+            raise TopologyError(f"rank {rank} is outside the world of {self.world_size} ranks")
+        return role
 
     def index(self, rank: int) -> int:
         """Position of ``rank`` among the ranks of its role (learner 0, 1, ...; shard 0, 1, ...)."""
-        role = self.role(rank)
-        if role is Role.SERVER:
-            return self.servers.index(rank)
-        if role is Role.LEARNER:
-            return self.learners.index(rank)
-        if role is Role.AGGREGATOR:
-            return self.aggregators.index(rank)
-        return 0
+        return self.members(self.role(rank)).index(rank)
 
     def describe(self, rank: int) -> str:
         role = self.role(rank)
-        if role in (Role.SERVER, Role.LEARNER, Role.AGGREGATOR):
+        if role in NUMBERED:
             return f"{role.value} {self.index(rank)}"
         return f"{role.value} server"
 

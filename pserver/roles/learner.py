@@ -27,8 +27,8 @@ from pserver.config import inject_plan, pull_timestamp
 from pserver.context import Context
 from pserver.errors import diverged
 from pserver.partial_pull import PartialPull, PullRule
-from pserver.protocols import make_protocol
 from pserver.roles.prefetch import Prefetcher
+from pserver.strategies import lookup
 from pserver.topology import Block
 from pserver.wire import (
     Header,
@@ -82,7 +82,7 @@ class Learner:
         self.pushing: list[MPI.Request] = []  # gradient sends reading ``grad``
         self.replies = header_buffer(len(self.blocks))
         self.out = header_buffer()
-        self.waits_for_update = make_protocol(self.cfg, len(ctx.layout.learners)).waits_for_update
+        self.waits_for_update = lookup(self.cfg.protocol.name).waits_for_update
         p = self.cfg.protocol
         self.partial = PartialPull(len(self.blocks), p.pull_fraction, p.tau2)
         self.rule = PullRule(pull_timestamp(self.cfg), self.waits_for_update)

@@ -1,0 +1,96 @@
+"""What a strategy descriptor holds: the pure data of the registry (``pserver.strategies``).
+
+A strategy is everything ``protocol.name`` selects: its family, its own typed ``protocol.*``
+parameters, the ranks it needs, the shard protocol its server blocks run (none for a family
+without servers), the learner exchange it uses, and the checks that tie its keys to the rest
+of the config. Nothing here imports the config (the config imports the registry); a check
+receives the descriptor and the ``pserver.config.Config`` (types, choices and bounds already
+checked) and raises ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pserver.errors import ConfigError
+
+PARAMETER_SERVER = "parameter server"
+MODEL_AVERAGING = "model averaging"
+PREDICTION = "prediction"
+COLLECTIVE = "collective/gossip"
+FAMILIES = (PARAMETER_SERVER, MODEL_AVERAGING, PREDICTION, COLLECTIVE)
+
+#: Learner exchanges, by name (resolved to classes by ``pserver.cli``'s driver table).
+PS = "ps"  # pull weights, compute, push gradients, one step after the other
+PS_OVERLAP = "ps-overlap"  # the same, with pulls and pushes in flight during compute
+
+Config = Any  # pserver.config.Config: not imported, the config imports the registry
+Check = Callable[["Strategy", Config], None]
+ProtocolFactory = Callable[[Config, int], Any]  # (config, λ) -> pserver.protocols.Protocol
+
+
+@dataclass(frozen=True)
+class Param:
+    """One ``protocol.*`` key: its type, default and bound (``"> 0"``, ``">= 0"`` or None,
+    checked with the config's other bounds). The type and default must equal
+    ``pserver.config.ProtocolConfig``'s field (tested)."""
+
+    key: str  # the name in [protocol]
+    type: type
+    default: Any
+    bound: str | None = None
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """Which ranks a strategy needs beside the learners. ``servers``: parameter-server
+    shards (``cluster.servers`` >= 1 when True, == 0 when False); ``data``, ``stats``: the
+    data and statistics servers (every strategy today; the layout always places both)."""
+
+    servers: bool = True
+    data: bool = True
+    stats: bool = True
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One entry of the registry. ``params``: the keys of this strategy alone; ``shared``:
+    keys it shares with its family (the family's descriptors list the same ones);
+    ``exchanges``: ``comm.mode`` -> learner exchange name, a missing mode is refused by
+    :meth:`exchange`; ``waits_for_update``: learners compute each iteration on the weights
+    of the latest update (the shard protocol's attribute of the same name, tested equal);
+    ``tree``: the aggregator tree may sum its gradients (``cluster.tree_fanout``)."""
+
+    name: str
+    family: str
+    summary: str
+    protocol: ProtocolFactory | None
+    params: tuple[Param, ...] = ()
+    shared: tuple[Param, ...] = ()
+    ranks: Ranks = Ranks()
+    exchanges: Mapping[str, str] = field(default_factory=dict)
+    waits_for_update: bool = False
+    tree: bool = False
+    checks: tuple[Check, ...] = ()
+
+    def uses(self, key: str) -> bool:
+        """Whether ``protocol.<key>`` means anything to this strategy."""
+        return any(p.key == key for p in self.params + self.shared)
+
+    def exchange(self, mode: str) -> str:
+        """The learner exchange for ``comm.mode = mode``; ``ConfigError`` if it has none."""
+        if mode not in self.exchanges:
+            modes = " or ".join(f'"{m}"' for m in self.exchanges)
+            raise ConfigError(
+                f"comm.mode = {mode!r}: protocol.name = {self.name!r} has no learner exchange "
+                f"for it; use comm.mode = {modes}"
+            )
+        return self.exchanges[mode]
+
+    def check(self, cfg: Config) -> None:
+        """This strategy's cross-field checks, in order; the first failure raises."""
+        for check in self.checks:
+            check(self, cfg)

@@ -1,0 +1,96 @@
+"""A key the chosen strategy, data source or model kind does not use: refused with one line
+naming what it belongs to, or, for the keys existing configs set generically, warned about
+(pserver/unused.py). Before the registry every one of these was accepted in silence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pserver import strategies
+from pserver.config import load_config, warnings
+from pserver.errors import ConfigError
+from pserver.unused import WARNED, rules
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    "overrides, line",
+    [
+        (["protocol.c=2"], 'protocol.c = 2 belongs to psp; protocol.name = "hardsync" does not '
+         "use it"),
+        (["protocol.name=async", "protocol.s=1"], 'protocol.s = 1 belongs to ssp; protocol.name '
+         '= "async" does not use it'),
+        (["protocol.name=ssp", "protocol.tau1=0.5"], "protocol.tau1 = 0.5 belongs to psp;"),
+        (["protocol.name=softsync", "protocol.ref_batch=64"], "protocol.ref_batch = 64 belongs "
+         "to hardsync;"),
+        (["data.path=x.h5"], 'data.path = "x.h5" belongs to data.source = "hdf5"; data.source = '
+         '"digits" does not use it'),
+        (["data.source=hdf5", "data.path=x.h5", "data.n_samples=100"], 'data.n_samples = 100 '
+         'belongs to data.source = "synthetic"; data.source = "hdf5" does not use it'),
+        (["data.test_path=t.h5"], "data.test_path"),
+        (["data.n_features=8"], "data.n_features = 8 belongs to"),
+        (["model.channels=[4, 8]"], 'model.channels = [4, 8] belongs to model.kind = "cnn"; '
+         'model.kind = "mlp" does not use it'),
+        (["model.kind=cnn", "model.size_mib=2"], 'model.size_mib = 2.0 belongs to model.kind = '
+         '"null"'),
+    ],
+)
+def test_unused_key_is_refused_naming_its_owner(overrides, line):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides)
+    assert line in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_key_in_the_file_counts_as_set_even_at_its_default(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[protocol]\nname = "hardsync"\ns = 3\n')
+    with pytest.raises(ConfigError, match='protocol.s = 3 belongs to ssp; protocol.name = '
+                       '"hardsync" does not use it'):
+        load_config(path)
+    assert load_config(path, ["protocol.name=ssp"]).protocol.s == 3
+    assert load_config(None).given == frozenset()  # defaults are not "set"
+
+
+@pytest.mark.parametrize(
+    "overrides, line",
+    [
+        ([], 'protocol.n = 1 belongs to softsync; protocol.name = "hardsync" does not use it '
+         "(ignored)"),
+        (["model.kind=null"], 'model.hidden = [64] belongs to model.kind = "mlp"; model.kind = '
+         '"null" does not use it (ignored)'),
+        (["data.source=hdf5", "data.path=x.h5", "data.test_path=t.h5"],
+         'data.test_fraction = 0.25 belongs to splitting the data (data.test_path empty); '
+         'data.test_path = "t.h5" does not use it (ignored)'),
+    ],
+)
+def test_generic_keys_of_the_quickstart_are_warned_about(overrides, line):
+    cfg = load_config(ROOT / "examples" / "quickstart.toml", overrides)
+    assert line in warnings(cfg)
+
+
+def test_used_keys_give_no_warning():
+    cfg = load_config(ROOT / "examples" / "quickstart.toml", ["protocol.name=softsync"])
+    assert warnings(cfg) == []
+
+
+@pytest.mark.parametrize("name", strategies.names())
+@pytest.mark.parametrize("example", ["quickstart.toml", "psp.toml"])
+def test_examples_run_with_their_own_protocol_and_quickstart_with_any(example, name):
+    path = ROOT / "examples" / example
+    if example == "quickstart.toml":
+        load_config(path, [f"protocol.name={name}"])
+    else:
+        load_config(path)
+
+
+def test_every_rule_is_documented():
+    text = (ROOT / "docs" / "config.md").read_text()
+    section = text.split("### Keys the run does not use")[1].split("\n## ")[0]
+    for rule in rules():
+        assert f"`{rule.key}`" in section, rule.key
+    for key in WARNED:
+        assert f"`{key}`" in section
