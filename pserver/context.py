@@ -254,9 +254,13 @@ def learner_ranks(
     The layout is computed again by ``prepare`` from the same file, overrides and nodes, so the
     communicator's members are exactly ``ctx.layout.learners``.
     """
+    import warnings
+
     from pserver.config import load_config
 
     try:
-        return make_layout(world_size, load_config(path, overrides), nodes).learners
+        with warnings.catch_warnings():  # said once, when prepare loads the config again
+            warnings.simplefilter("ignore")
+            return make_layout(world_size, load_config(path, overrides), nodes).learners
     except Exception:  # noqa: BLE001 - reported by prepare, after the collective calls
         return ()

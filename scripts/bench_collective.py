@@ -6,15 +6,17 @@ Two measurements, each launched under mpiexec with a timeout and repeated (media
 bandwidth
     ``--ranks`` ranks (default 4) sum a float32 buffer of each ``--sizes`` MiB (default 16) in
     place, alternately with a blocking ``MPI_Allreduce(IN_PLACE)`` and with
-    :class:`pserver.comm.collectives.Allreducer` (``--bucket-mib`` MiB buckets, up to
-    ``--in-flight`` in flight, waited on with the Waiter's back-off), ``--reps`` times each in
-    one launch. A time is the slowest rank's, after a barrier. Printed: each one's bandwidth
-    (buffer bytes / time) and the ratio bucketed ÷ blocking. Goal: >= 0.9 at 16 MiB on 4 ranks.
+    :class:`pserver.comm.collectives.Allreducer` (buckets of each ``--bucket-mib`` MiB, default
+    16 and 4, up to ``--in-flight`` in flight, waited on with the Waiter's back-off; the sleep
+    cap is ``--poll-max``, comm.poll_max's default), ``--reps`` times each in one launch. A
+    time is the slowest rank's, after a barrier. Printed: each one's bandwidth (buffer bytes /
+    time) and the ratio bucketed ÷ blocking. Goal: >= 0.9 at 16 MiB on 4 ranks.
 
 cpu
     The same ranks; rank 0 joins the allreduce ``--delay`` seconds late (it sleeps), so the
     others wait inside it. Each waiting rank reports ``process_time / wall`` over its wait, for
-    the bucketed allreduce and for blocking ``MPI_Allreduce`` (which MPICH busy-polls). Goal:
+    the bucketed allreduce (the first ``--sizes`` and ``--bucket-mib``) and for blocking
+    ``MPI_Allreduce`` (which MPICH busy-polls). Goal:
     the bucketed allreduce under 10% of a core.
 
 This file is both the driver (default) and the MPI program it launches (``--worker``).
@@ -50,7 +52,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--ranks", type=int, default=4, help="ranks (default %(default)s)")
     p.add_argument("--sizes", type=float, nargs="+", default=[16.0], metavar="MIB",
                    help="buffer sizes in MiB (default %(default)s)")  # fmt: skip
-    p.add_argument("--bucket-mib", type=float, nargs="+", default=[4.0], metavar="MIB",
+    p.add_argument("--bucket-mib", type=float, nargs="+", default=[16.0, 4.0], metavar="MIB",
                    help="bucket sizes to try, MiB (default %(default)s)")  # fmt: skip
     p.add_argument("--in-flight", type=int, default=4, help="buckets in flight (default 4)")
     p.add_argument("--reps", type=int, default=10, help="allreduces of each kind per launch")

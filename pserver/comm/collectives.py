@@ -35,7 +35,7 @@ from pserver.backend import Backend, StagingBuffers
 from pserver.comm.payload import staged
 from pserver.comm.waiting import Waiter
 
-DEFAULT_BUCKET_MIB = 4.0
+DEFAULT_BUCKET_MIB = 16.0  # docs/architecture.md, "Collectives among the learners"
 DEFAULT_IN_FLIGHT = 4
 
 
