@@ -61,3 +61,13 @@ def test_learner_ranks_follow_the_layout_and_are_empty_for_bad_input(tmp_path):
     assert learner_ranks(cfg, ["cluster.servers=2"], 7, [0] * 7) == (4, 5, 6)
     assert learner_ranks(cfg, [], 2, [0] * 2) == ()  # too few ranks: prepare says so
     assert learner_ranks(str(tmp_path / "missing.toml"), [], 7, [0] * 7) == ()
+
+
+def test_gpu_arrays_are_staged_unless_mpi_is_cuda_aware():
+    from pserver.backend import Backend
+    from pserver.comm.payload import staged
+
+    gpu, aware = Backend("gpu", np, 0, False), Backend("gpu", np, 0, True)
+    cpu = select_backend("cpu", 0, 1)
+    assert staged(gpu, "auto") and not staged(aware, "auto") and not staged(cpu, "auto")
+    assert staged(cpu, "always") and not staged(gpu, "never")

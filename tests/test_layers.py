@@ -32,6 +32,9 @@ PACKAGES = ("pserver", "learners")
 # limits, fault-injection plans, errors, resource limits, the launch helper (subprocesses,
 # no MPI), the dump's consistency checks and schema, and the models and datasets. Each is
 # tested in one process. Prefixes ending in "/" name every module under that package.
+# Not here: pserver.backend (imports mpi4py, lazily, to ask whether MPI is CUDA-aware; listed
+# with the transport in docs/architecture.md), pserver.wire (pure today, but the wire contract
+# is transport by definition).
 PURE = (
     "pserver.config",
     "pserver.topology",
