@@ -3,7 +3,7 @@
     image [side x side] -> conv 3x3 (pad 1, c1 filters) -> ReLU -> max-pool 2x2 (stride 2)
                         -> conv 3x3 (pad 1, c2 filters) -> ReLU -> flatten -> dense -> softmax
 
-The layout follows :mod:`learners.models`: every tensor is a reshaped view of the flat vector,
+The layout follows :mod:`learners.mlp`: every tensor is a reshaped view of the flat vector,
 and gradients are written through the same views into a preallocated flat ``grad``. Flat order:
 
 =====  ======================  =============================================================
@@ -30,7 +30,8 @@ from typing import Any, NamedTuple
 
 import numpy
 
-from learners.models import DTYPES, Model, cross_entropy
+from learners.contract import DTYPES, Model
+from learners.losses import cross_entropy
 from pserver.config import ModelConfig
 from pserver.errors import ConfigError
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy
 
-from learners.models import Model
+from learners.contract import Model
 
 
 class NullModel(Model):

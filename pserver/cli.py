@@ -63,9 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     args = parse_args(argv, rank)  # same outcome on every rank: no agreement needed
-    from pserver.context import local_rank, prepare
+    from pserver.comm.collectives import learner_comm
+    from pserver.context import learner_ranks, local_rank, prepare
 
     local, nodes, roster = local_rank(world)  # collective: before anything may fail on one rank
+    learners = learner_comm(world, learner_ranks(args.config, args.overrides, size, nodes))
     peers = PeerLog(roster)
     log = setup_logging(rank, "starting")
     ctx, error, comm = None, None, CommConfig()
@@ -76,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in config_warnings(cfg) if rank == 0 else ():  # once per run
             log.warning("%s", line)
         ctx = prepare(cfg, size, rank, log, local, nodes, peers)
+        ctx.learner_comm = learners
     except BaseException as e:  # every failure must reach the agreement, or the others hang
         error = e
     waiter = Waiter(log, peers, comm.poll_min, comm.poll_max, comm.stall_timeout)
@@ -97,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:
         die(abort_message(e, ctx), world)
         return 1  # not reached: Abort ends every rank
+    if ctx.learner_comm is not None:  # every learner gets here once its run has ended
+        ctx.learner_comm.Free()
     return 0
 
 

@@ -41,6 +41,7 @@ class Context:
     shm: Any = None  # pserver.comm.shm.SharedWindows when comm.transport = "shm"
     nodes: list[int] = field(default_factory=list)  # the node of every rank (its lowest rank)
     peers: PeerLog = field(default_factory=PeerLog)
+    learner_comm: Any = None  # MPI.Comm of the learners on a learner (learner_ranks), else None
     t0: float = field(default_factory=time.time)
 
     @property
@@ -244,3 +245,25 @@ def local_rank(comm: Any) -> tuple[tuple[int, int], list[int], Roster]:
     finally:
         node.Free()
     return local, [n for n, _ in every], Roster([p for _, p in every])
+
+
+def learner_ranks(
+    path: str, overrides: list[str], world_size: int, nodes: list[int]
+) -> tuple[int, ...]:
+    """The learners' ranks, for the communicator built before validation
+    (:func:`pserver.comm.collectives.learner_comm`, collective on every rank); none when the
+    config or the layout is bad, which ``prepare`` then reports on every rank.
+
+    The layout is computed again by ``prepare`` from the same file, overrides and nodes, so the
+    communicator's members are exactly ``ctx.layout.learners``.
+    """
+    import warnings
+
+    from pserver.config import load_config
+
+    try:
+        with warnings.catch_warnings():  # said once, when prepare loads the config again
+            warnings.simplefilter("ignore")
+            return make_layout(world_size, load_config(path, overrides), nodes).learners
+    except Exception:  # noqa: BLE001 - reported by prepare, after the collective calls
+        return ()

@@ -7,6 +7,7 @@ Thin wrappers over :mod:`pserver.launch`: the launcher and its flags come from
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -80,3 +81,13 @@ def assert_learned(dump, best: float = 0.03, final: float = 0.06) -> None:  # no
     """
     err = dump.group("test")["error"]
     assert err.min() <= best and err[-1] <= final, err
+
+
+def run_program(n: int, path: Path, args: Sequence[str] = (), timeout: float = 120.0) -> Result:
+    """``mpiexec -n N python PATH ARGS`` (a test program of its own) under a hard timeout."""
+    cmd = launch.mpi_command(n, [sys.executable, str(path), *args])
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+    res = launch.run(cmd, timeout, env=env, cwd=ROOT)
+    if res.reason:
+        raise AssertionError(f"{path.name} on {n} ranks hung for {timeout:.0f} s\n{res.output}")
+    return res

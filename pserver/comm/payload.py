@@ -15,10 +15,15 @@ from pserver.backend import Backend, StagingBuffers
 from pserver.topology import Block
 
 
+def staged(backend: Backend, staging: str) -> bool:
+    """Whether payloads go through host buffers (``comm.staging``: "auto", "always", "never")."""
+    return staging == "always" or (staging == "auto" and backend.needs_staging)
+
+
 class Payloads:
     def __init__(self, backend: Backend, blocks: list[Block], dtype: Any, staging: str) -> None:
         self.backend = backend
-        self.staged = staging == "always" or (staging == "auto" and backend.needs_staging)
+        self.staged = staged(backend, staging)
         self.slot = {b.index: i for i, b in enumerate(blocks)}
         sizes = [b.size for b in blocks]
         self.inbox = StagingBuffers(backend, sizes, dtype) if self.staged else None

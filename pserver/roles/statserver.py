@@ -30,33 +30,6 @@ from pserver.context import Context
 from pserver.stats.writer import DumpWriteError, StatsWriter
 from pserver.wire import Header, Tag, WireError, header_buffer
 
-#: dtype of every column the ranks report (schema in docs/stats.md)
-INT32 = {
-    "shard", "learner", "staleness", "n_gradients", "block", "dropped_blocks", "aggregator",
-    "rank", "blocks_received", "skipped_snapshots",
-}
-INT64 = {
-    "timestamp",
-    "update",
-    "step",
-    "samples",
-    "minibatches",
-    "updates",
-    "dropped_after_stop",
-    "bytes_in",
-    "bytes_out",
-    "applied",
-    "dropped",
-    "size",
-    "request",
-    "relayed_bytes",
-}
-
-
-def column(name: str, values: list[Any]) -> np.ndarray:
-    dtype = np.int32 if name in INT32 else np.int64 if name in INT64 else np.float64
-    return np.asarray(values, dtype=dtype)
-
 
 class StatsServer:
     def __init__(self, ctx: Context) -> None:
@@ -145,7 +118,7 @@ class StatsServer:
         self.ctx.peers.note(source, "RECORDS")
         rows, clocks, dropped = decode(data)
         for group, cols in rows.items():
-            self.writer.append(group, **{k: column(k, v) for k, v in cols.items()})
+            self.writer.append(group, **cols)  # typed by the dump schema (pserver.stats.schema)
         if clocks:
             self.writer.append_clocks("updates", "vector_clock", clocks)
         if dropped and dropped != self.dropped.get(source):  # counts are cumulative

@@ -49,6 +49,7 @@ import h5py
 import numpy as np
 
 from pserver.errors import PserverError
+from pserver.stats.schema import typed_columns
 
 CHUNK_BYTES = 64 * 1024  # ~64 KiB chunks: cheap appends, few chunks for a long run
 MAX_CLOCK_CHUNK_WIDTH = 64
@@ -76,7 +77,8 @@ def _chunk_rows(row_bytes: int) -> int:
 
 
 class StatsWriter:
-    """Append-only writer of the statistics dump; see ``docs/stats.md`` for the schema.
+    """Append-only writer of the statistics dump; the schema is :mod:`pserver.stats.schema`
+    (documented in ``docs/stats.md``).
 
     Not thread-safe: one owner (the statistics server loop) calls it. Callers should batch rows
     (one ``append`` per received message or per flush period, not per scalar): each call resizes
@@ -114,10 +116,11 @@ class StatsWriter:
     def append(self, group: str, **columns: Any) -> None:
         """Append rows to ``group/<column>``; every column is 1-D and of the same length.
 
-        The first append of a group fixes its columns and their dtypes; later appends must give
-        the same columns (values are cast to the stored dtype).
+        The first append of a group fixes its columns; later appends must give the same columns.
+        A group of the dump schema (:mod:`pserver.stats.schema`) takes only the schema's
+        columns, stored with the schema's dtypes; values are cast to the stored dtype.
         """
-        arrays = {name: np.asarray(values) for name, values in columns.items()}
+        arrays = typed_columns(group, columns)
         n = self._check_rows(group, arrays)
         if n == 0:
             return

@@ -1,0 +1,195 @@
+"""Collectives among the learners: a bucketed non-blocking allreduce and a neighbour exchange.
+
+The learners-only strategies (SYNC and HYBRID allreduce gradients or weights, ADPSGD averages
+with a ring neighbour) run these on the **learners' communicator**, built once at start by
+:func:`learner_comm` (collective on every rank of the world, before validation, as the node
+split of :func:`pserver.context.local_rank` is); it never includes the servers, the data and
+statistics ranks or the aggregators, so a collective of the learners cannot wait on them.
+
+Every call is non-blocking and returns a handle: ``start(...) -> handle``, then
+``handle.wait(what)`` (or ``handle.test()`` between other work). Waits go through the
+:class:`~pserver.comm.waiting.Waiter`'s back-off: a blocking ``MPI_Allreduce`` busy-polls in
+MPICH and would take a core from the learners that share a node while one of them is late.
+MPICH progresses a non-blocking collective only inside MPI calls, so the waiting rank's tests
+are what moves it on: the Waiter tests 64 times before its first sleep and then sleeps at most
+``poll_max``, which bounds the progress lost to a sleep.
+
+``allreduce`` sums an array in place, cut into buckets of ``bucket_mib`` MiB, each its own
+``Iallreduce(IN_PLACE)``; up to ``in_flight`` buckets are posted at once and the next one is
+posted as the oldest completes (every rank posts them in the same order, as MPI requires of
+collectives). GPU arrays are staged through the backend's pinned host buffers
+(:class:`pserver.backend.StagingBuffers`, one per bucket, allocated once) unless MPI is
+CUDA-aware (:func:`pserver.comm.payload.staged`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from pserver.backend import Backend, StagingBuffers
+from pserver.comm.payload import staged
+from pserver.comm.waiting import Waiter
+
+DEFAULT_BUCKET_MIB = 16.0  # docs/architecture.md, "Collectives among the learners"
+DEFAULT_IN_FLIGHT = 4
+
+
+def learner_comm(world: MPI.Comm, learners: Sequence[int]) -> MPI.Comm | None:
+    """The learners' communicator (ranks in the order of ``learners``); None on other ranks.
+
+    Collective over ``world``: every rank must call it once, with the same ``learners``, before
+    anything that may fail on one rank (a rank that is not a learner passes ``MPI.UNDEFINED`` as
+    its colour). Called in :func:`pserver.cli.main` right after the node split.
+    """
+    rank = world.Get_rank()
+    member = rank in learners
+    key = learners.index(rank) if member else 0
+    comm = world.Split(0 if member else MPI.UNDEFINED, key)
+    return None if comm == MPI.COMM_NULL else comm
+
+
+def buckets(n: int, itemsize: int, bucket_mib: float) -> list[tuple[int, int]]:
+    """``[start, stop)`` element ranges of at most ``bucket_mib`` MiB covering ``n`` elements
+    (the last one shorter when ``n`` does not divide); one empty bucket for ``n = 0``."""
+    if bucket_mib <= 0:
+        raise ValueError(f"bucket size must be > 0 MiB, not {bucket_mib}")
+    step = max(1, int(bucket_mib * 2**20) // itemsize)
+    return [(i, min(i + step, n)) for i in range(0, n, step)] or [(0, 0)]
+
+
+def ring(rank: int, size: int) -> tuple[int, int]:
+    """(left, right) neighbours of ``rank`` on a ring of ``size`` ranks."""
+    return (rank - 1) % size, (rank + 1) % size
+
+
+class Handle:
+    """One started operation: ``test()`` moves it on and says whether it is complete,
+    ``wait(what)`` returns once it is (with the Waiter's back-off and stall report)."""
+
+    def __init__(self, waiter: Waiter, step: Callable[[], bool], what: str) -> None:
+        self._waiter, self._step, self.what = waiter, step, what
+        self.done = False
+        self.progress = 0  # parts completed so far (buckets); a wait restarts its back-off
+
+    def test(self) -> bool:
+        if not self.done:
+            self.done = self._step()
+        return self.done
+
+    def wait(self, what: str | None = None) -> None:
+        """Back off as the Waiter does, restarting from its shortest sleep whenever a part
+        completes: a late peer still finds this rank asleep (the sleeps grow to ``poll_max``
+        while nothing moves), but once the parts flow the next one is tested for promptly, so
+        a bucket's latency is not set by a sleep grown during the previous ones."""
+        while not self.test():
+            seen = self.progress
+            self._waiter.until(lambda s=seen: self.test() or self.progress != s, what or self.what)
+
+
+class Allreducer:
+    """In-place sums of ``n``-element arrays of ``dtype`` over ``comm``, bucketed.
+
+    One operation at a time per object (its staging buffers are reused); every rank of ``comm``
+    must start the same sequence of operations with the same ``n``, ``dtype`` and buckets.
+    """
+
+    def __init__(
+        self,
+        comm: MPI.Comm,
+        backend: Backend,
+        waiter: Waiter,
+        n: int,
+        dtype: Any,
+        *,
+        bucket_mib: float = DEFAULT_BUCKET_MIB,
+        in_flight: int = DEFAULT_IN_FLIGHT,
+        staging: str = "auto",
+    ) -> None:
+        if in_flight < 1:
+            raise ValueError(f"in_flight must be >= 1, not {in_flight}")
+        self.comm, self.backend, self.waiter = comm, backend, waiter
+        self.n, self.in_flight = n, in_flight
+        self.buckets = buckets(n, np.dtype(dtype).itemsize, bucket_mib)
+        sizes = [b - a for a, b in self.buckets]
+        self.host = StagingBuffers(backend, sizes, dtype) if staged(backend, staging) else None
+        self._busy: Handle | None = None
+
+    def start(self, array: Any) -> Handle:
+        """Start summing the contiguous 1-D ``array`` over ``comm`` in place."""
+        if array.size != self.n or array.ndim != 1:
+            raise ValueError(f"allreduce of {self.n} elements got an array of shape {array.shape}")
+        if self._busy is not None and not self._busy.done:
+            raise RuntimeError("allreduce started while the previous one is still in flight")
+        if self.host is None:
+            self.backend.synchronize()  # MPI must not read a device buffer a kernel still writes
+        todo = deque(range(len(self.buckets)))
+        posted: deque[tuple[int, MPI.Request]] = deque()
+
+        def step() -> bool:
+            while posted and posted[0][1].Test():  # collectives complete in the order posted
+                self._arrived(posted.popleft()[0], array)
+                handle.progress += 1
+            while todo and len(posted) < self.in_flight:
+                i = todo.popleft()
+                posted.append((i, self._post(i, array)))
+            return not posted
+
+        self._busy = handle = Handle(self.waiter, step, f"an allreduce of {self.n} elements")
+        handle.test()  # posts the first buckets
+        return handle
+
+    def _post(self, i: int, array: Any) -> MPI.Request:
+        a, b = self.buckets[i]
+        buf = self.host.to_host(i, array[a:b]) if self.host is not None else array[a:b]
+        return self.comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+
+    def _arrived(self, i: int, array: Any) -> None:
+        if self.host is not None:
+            a, b = self.buckets[i]
+            self.host.from_host(i, array[a:b])
+
+
+class Neighbours:
+    """Send one ``n``-element array to a rank of ``comm`` while receiving one from another
+    (a gossip ring's step), staged like :class:`Allreducer`. One exchange at a time."""
+
+    def __init__(
+        self, comm: MPI.Comm, backend: Backend, waiter: Waiter, n: int, dtype: Any,
+        *, staging: str = "auto", tag: int = 0,
+    ) -> None:  # fmt: skip
+        self.comm, self.backend, self.waiter, self.n, self.tag = comm, backend, waiter, n, tag
+        on_host = staged(backend, staging)
+        self.outbox = StagingBuffers(backend, [n], dtype) if on_host else None
+        self.inbox = StagingBuffers(backend, [n], dtype) if on_host else None
+
+    def start(self, send: Any, dest: int, recv: Any, source: int) -> Handle:
+        """Send ``send`` to ``dest`` and receive into ``recv`` from ``source`` (ranks of ``comm``).
+
+        ``send`` must not change until the handle completes; ``recv`` holds the neighbour's
+        array once it has.
+        """
+        for a in (send, recv):
+            if a.size != self.n:
+                raise ValueError(f"exchange of {self.n} elements got {a.size}")
+        if self.outbox is not None:
+            out, into = self.outbox.to_host(0, send), self.inbox.host(0)
+        else:
+            self.backend.synchronize()
+            out, into = send, recv
+        reqs = [self.comm.Irecv(into, source, self.tag), self.comm.Isend(out, dest, self.tag)]
+
+        def step() -> bool:
+            if not MPI.Request.Testall(reqs):
+                return False
+            if self.inbox is not None:
+                self.inbox.from_host(0, recv)
+            return True
+
+        handle = Handle(self.waiter, step, f"an exchange with ranks {dest} and {source}")
+        handle.test()
+        return handle
