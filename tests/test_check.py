@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
+from mpirun import train
 
+from pserver.stats import cli
 from pserver.stats.check import check_dump
 from pserver.stats.reader import Dump
 
@@ -92,3 +95,15 @@ def test_hardsync_with_a_stale_gradient_is_caught_but_async_may_have_one() -> No
         d.attrs["config"]["protocol"]["name"] = "async"
 
     assert breach(stale_async) == []
+
+
+@pytest.mark.mpi
+def test_pserver_stats_check_passes_a_real_run_and_catches_a_tampered_one(tmp_path, capsys):
+    train(tmp_path, 7, "protocol.name=softsync", "protocol.n=2", "run.epochs=1", timeout=180)
+    dump = str(tmp_path / "stats.h5")
+    assert cli.main(["check", dump]) == 0
+    assert "consistent" in capsys.readouterr().out
+    with h5py.File(dump, "r+") as f:
+        f["gradients/staleness"][0] += 1
+    assert cli.main(["check", dump]) == 1
+    assert "staleness is not (i − 1) − timestamp" in capsys.readouterr().out

@@ -160,6 +160,18 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """Exit 0 when the dump is consistent (pserver.stats.check), 1 with one line per problem."""
+    from pserver.stats.check import check_dump
+
+    problems = checked(args.dump, check_dump, load_dump(args.dump))
+    for problem in problems:
+        print(f"{args.dump}: {problem}")
+    if not problems:
+        print(f"{args.dump}: consistent")
+    return 1 if problems else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Summarise or plot the HDF5 statistics dump (stats.h5) of a run."
@@ -173,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dump", help="path of the stats.h5 dump")
     p.add_argument("-o", "--outdir", help="directory for the PNGs (default: the dump's directory)")
     p.set_defaults(func=cmd_plot)
+    p = sub.add_parser("check", help="check the dump's consistency rules (exit 1 if broken)")
+    p.add_argument("dump", help="path of the stats.h5 dump")
+    p.set_defaults(func=cmd_check)
     return parser
 
 
