@@ -107,3 +107,18 @@ def test_pserver_stats_check_passes_a_real_run_and_catches_a_tampered_one(tmp_pa
         f["gradients/staleness"][0] += 1
     assert cli.main(["check", dump]) == 1
     assert "staleness is not (i − 1) − timestamp" in capsys.readouterr().out
+
+
+def test_a_shards_later_blocks_may_decide_apart_but_servers_updates_is_the_highest() -> None:
+    """Under PSP with overlapped pulls the blocks of one shard judge freshness by their own
+    timestamps; the updates/gradients rows record the first block only (docs/stats.md)."""
+
+    def second_block(d: Dump, ts: int) -> None:
+        b = d.groups["blocks"]
+        for key, value in (("block", 1), ("shard", 0), ("timestamp", ts), ("applied", 8),
+                           ("dropped", 0)):
+            b[key] = np.append(b[key], value).astype(b[key].dtype)
+
+    assert breach(lambda d: second_block(d, 2)) == []
+    problems = breach(lambda d: second_block(d, 4))
+    assert problems == ["servers/updates of shard 0 is 3, its highest block timestamp 4"]
