@@ -118,8 +118,8 @@ def _gradients_match_updates(g: dict, up: dict, applied: np.ndarray) -> Problems
 def _end_rows(dump: Dump) -> Problems:
     """The end-of-run rows against the streams. A shard's ``updates``/``gradients`` rows are
     those of its first block (docs/stats.md); its other blocks see the same pushes but may
-    decide apart where a decision depends on the block's own timestamp (PSP's freshness with
-    overlapped pulls), so only the first block is held to the rows, and ``servers/updates``
+    take gradients apart (a tree's aggregator relays each block's sum on its own; PSP's
+    freshness is per block), so only the first block is held to the rows, and ``servers/updates``
     to the highest block timestamp."""
     out: Problems = []
     up, servers, blocks = dump.group("updates"), dump.group("servers"), dump.group("blocks")
