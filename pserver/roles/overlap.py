@@ -22,15 +22,14 @@ during the compute, whose numpy/CuPy kernels release the GIL.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from mpi4py import MPI
 
+from pserver.comm.engine import CommEngine
 from pserver.comm.payload import Payloads
-from pserver.comm.waiting import BACKOFF, SPIN_TESTS, tighten_timer_slack
 from pserver.context import Context
 from pserver.inflight import InflightWindow, inflight_limit
 from pserver.roles.learner import Learner
@@ -52,11 +51,8 @@ class OverlapLearner(Learner):
             else InflightWindow(inflight_limit(self.cfg.comm.max_inflight), self.by_index)
         )
         self.pushing: list[MPI.Request] = []
-        self.lock = threading.Condition()
-        self.threaded = self.cfg.comm.mode == "thread"
-        self.closing = threading.Event()
-        self.comm_error: BaseException | None = None
-        self.thread = threading.Thread(target=self.comm_loop, name="comm", daemon=True)
+        self.engine = CommEngine(self.progress, self.waiter, self.cfg.comm.mode == "thread")
+        self.lock = self.engine.lock
         # learner broadcast tree: pull from a parent learner, serve our own children
         lay = ctx.layout
         if ctx.rank in lay.bcast_parent:
@@ -76,7 +72,7 @@ class OverlapLearner(Learner):
         self.relay = Payloads(ctx.backend, self.blocks, self.w.dtype, self.cfg.comm.staging)
         self.relayed_bytes = 0
 
-    # -- the communication engine (all under self.lock) ----------------------------------------
+    # -- progress (CommEngine drives it, under self.lock) ----------------------------------------
 
     def progress(self) -> bool:
         """Test every outstanding request once; True when something completed."""
@@ -256,55 +252,13 @@ class OverlapLearner(Learner):
     # -- waiting -------------------------------------------------------------------------------
 
     def wait(self, ready: Callable[[], bool], what: str) -> float:
-        """Block until ``ready()``; returns the seconds blocked."""
-        start = time.perf_counter()
-        if self.threaded:
-            with self.lock:
-                while not ready():
-                    if self.comm_error is not None:
-                        raise RuntimeError("the communication thread failed") from self.comm_error
-                    if not self.lock.wait(timeout=self.cfg.comm.stall_timeout):
-                        self.ctx.log.warning(
-                            "stalled waiting for %s; last received: %s",
-                            what,
-                            self.ctx.peers.report(),
-                        )
-        else:
-            self.waiter.until(lambda: (self.progress() and False) or ready(), what)
-        return time.perf_counter() - start
-
-    def comm_loop(self) -> None:
-        """The communication thread: test the requests, sleep with back-off when idle.
-
-        The back-off is the Waiter's: each sleep is ``BACKOFF`` of the time idle so far, within
-        ``comm.poll_min`` … ``comm.poll_max``.
-        """
-        tighten_timer_slack()
-        c = self.cfg.comm
-        idle, idle_since = 0, time.monotonic()
-        try:
-            while not self.closing.is_set():
-                with self.lock:
-                    changed = self.progress()
-                    if changed:
-                        self.lock.notify_all()
-                if changed:
-                    idle, idle_since = 0, time.monotonic()
-                    continue
-                idle += 1
-                if idle > SPIN_TESTS:
-                    waited = time.monotonic() - idle_since
-                    self.closing.wait(min(max(BACKOFF * waited, c.poll_min), c.poll_max))
-        except BaseException as e:  # raised again on the compute thread
-            with self.lock:
-                self.comm_error = e
-                self.lock.notify_all()
+        """Block until ``ready()`` while the engine makes progress; the seconds blocked."""
+        return self.engine.wait(ready, what)
 
     # -- the learner loop ----------------------------------------------------------------------
 
     def run(self) -> None:
-        if self.threaded:
-            self.thread.start()
+        self.engine.start()
         try:
             if self.window is None:  # async and n-softsync ask after their first push
                 with self.lock:
@@ -316,9 +270,7 @@ class OverlapLearner(Learner):
             self.wait(lambda: not self.serving, "weight sends to child learners")
             self.wait(lambda: not self.kid_starved, "pulls of child learners to be served")
         finally:
-            self.closing.set()
-            if self.threaded:
-                self.thread.join()
+            self.engine.close()
             self.prefetch.close()
         self.finish()
 
