@@ -150,10 +150,9 @@ def run(ctx, world) -> None:  # noqa: ANN001 - Context and MPI.Comm, imported la
 
         ServerShard(ctx, weights).run()
     elif role is Role.LEARNER:
-        from pserver.roles.learner import Learner
-        from pserver.roles.overlap import OverlapLearner
+        from pserver.roles.learner import run_learner
 
-        (Learner if ctx.cfg.comm.mode == "blocking" else OverlapLearner)(ctx, weights).run()
+        run_learner(ctx, weights)
     elif role is Role.AGGREGATOR:
         from pserver.roles.aggregator import Aggregator
 
