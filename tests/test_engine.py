@@ -88,3 +88,21 @@ def test_backoff_spins_then_grows_within_bounds(monkeypatch: pytest.MonkeyPatch)
     assert b.next_sleep() == 1e-3  # the ceiling
     b.restart()
     assert b.next_sleep() == 0.0  # spinning again after a completion
+
+
+def test_one_backoff_in_the_code_base() -> None:
+    """The back-off constants are read by pserver/comm/waiting.py alone (its ``Backoff``):
+    no other module re-implements the back-off."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    users = set()
+    for path in [*root.glob("pserver/**/*.py"), *root.glob("scripts/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+            if isinstance(node, ast.alias):
+                name = node.name
+            if name in ("BACKOFF", "SPIN_TESTS"):
+                users.add(path.relative_to(root).as_posix())
+    assert users == {"pserver/comm/waiting.py"}

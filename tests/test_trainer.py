@@ -181,3 +181,19 @@ def test_freeze_point_is_the_exchanges(
     before = "weights" if after_weights else "gradient"
     assert ex.calls[frozen - 1] == before
     assert ex.calls[:frozen].count(before) == 2
+
+
+def test_no_role_driver_subclasses_another() -> None:
+    """Learners are trainer + exchange by composition: no class in pserver/roles has a base
+    other than ``Protocol`` (the exchange's interface)."""
+    import ast
+    from pathlib import Path
+
+    roles = Path(__file__).resolve().parents[1] / "pserver" / "roles"
+    derived = []
+    for path in sorted(roles.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(b) for b in node.bases if ast.unparse(b) != "Protocol"]
+                derived += [f"{path.name}: {node.name}({', '.join(bases)})"] if bases else []
+    assert derived == []
