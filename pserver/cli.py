@@ -168,9 +168,13 @@ def server(ctx, weights):  # noqa: ANN001, ANN201 - Context, array -> ServerShar
     return ServerShard(ctx, weights)
 
 
-def learner(ctx, weights):  # noqa: ANN001, ANN201 - Context, array -> the exchange's learner
+def learner(ctx, weights):  # noqa: ANN001, ANN201 - Context, array -> Trainer
+    """A trainer with the exchange the strategy names for ``comm.mode``."""
+    from pserver.roles.prefetch import Prefetcher
+    from pserver.roles.trainer import Trainer
+
     exchange = lookup(ctx.cfg.protocol.name).exchange(ctx.cfg.comm.mode)
-    return EXCHANGES[exchange]()(ctx, weights)
+    return Trainer(ctx, EXCHANGES[exchange]()(ctx, weights), Prefetcher(ctx))
 
 
 def aggregator(ctx, weights):  # noqa: ANN001, ANN201 - Context, array -> Aggregator
@@ -191,16 +195,16 @@ def stats_server(ctx, weights):  # noqa: ANN001, ANN201 - Context, unused -> Sta
     return StatsServer(ctx)
 
 
-def ps_learner() -> type:
-    from pserver.roles.learner import Learner
+def ps_exchange() -> type:
+    from pserver.roles.learner import PSExchange
 
-    return Learner
+    return PSExchange
 
 
-def ps_overlap_learner() -> type:
-    from pserver.roles.overlap import OverlapLearner
+def ps_overlap_exchange() -> type:
+    from pserver.roles.overlap import OverlapExchange
 
-    return OverlapLearner
+    return OverlapExchange
 
 
 #: Role -> a function (ctx, w0) -> the driver whose run() is the rank's whole life.
@@ -212,7 +216,7 @@ DRIVERS = {
     Role.STATS: stats_server,
 }
 #: A strategy's learner exchange (``pserver.strategies``, ``Strategy.exchanges``) -> its class.
-EXCHANGES = {PS: ps_learner, PS_OVERLAP: ps_overlap_learner}
+EXCHANGES = {PS: ps_exchange, PS_OVERLAP: ps_overlap_exchange}
 
 
 if __name__ == "__main__":

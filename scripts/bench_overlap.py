@@ -31,8 +31,8 @@ pull and push seconds per learner, the bytes received by the root (the server sh
 ``--gil`` adds the second target of the issue ("a learner that is computing keeps >= 80 % of
 the communication bandwidth it has when idle"): rank 0 posts ``--gil-messages`` sends of
 ``--gil-size-mib`` MiB at once (and waits in pserver's back-off ``Waiter``, burning no core);
-rank 1 receives them with pserver's own communication thread (``OverlapLearner.comm_loop``,
-the loop of ``comm.mode = thread``) while its main thread is idle, runs numpy matrix products
+rank 1 receives them with pserver's own communication thread (``pserver.comm.engine.CommEngine``,
+the engine of ``comm.mode = thread``) while its main thread is idle, runs numpy matrix products
 (GIL released) or pure-Python work (GIL held); "neighbour" idles rank 1's main thread while a
 third rank runs the numpy work (CPU contention without the GIL). It also runs the
 ``nonblocking`` pattern (requests tested only between compute chunks), a plain blocking
@@ -150,23 +150,19 @@ def max_learners_in_memory(fanout: int, size_mib: float, budget_mib: float) -> i
 # -- the --gil worker: pserver's communication thread under compute -------------------------------
 
 
-class _Engine:
-    """The state ``OverlapLearner.comm_loop`` drives: it only needs ``progress`` and the lock.
+class _Receiver:
+    """The ``progress()`` that pserver's communication engine (``pserver.comm.engine``) drives.
 
-    Each completed receive counts its bytes and posts the next one, so the loop that pserver's
+    Each completed receive counts its bytes and posts the next one, so the engine that pserver's
     ``comm.mode = thread`` learners run is measured as it is, without a whole training job.
+    ``closing`` is set after the last message (the engine's stop event, or a plain event).
     """
 
-    def __init__(self, comm: Any, buf: Any, count: int) -> None:
+    def __init__(self, comm: Any, buf: Any, count: int, closing: Any) -> None:
         import threading
-        from types import SimpleNamespace
 
-        from pserver.config import CommConfig
-
-        self.cfg = SimpleNamespace(comm=CommConfig())
-        self.lock = threading.Condition()
-        self.closing = threading.Event()
-        self.comm_error: BaseException | None = None
+        self.lock = threading.Condition()  # the what-if thread's (the engine has its own)
+        self.closing = closing
         self.comm, self.buf, self.remaining = comm, buf, count
         self.first: float | None = None
         self.done_at = 0.0
@@ -203,7 +199,7 @@ def _python_chunk(_a: Any, _c: Any) -> int:
     return 1 if total >= 0 else 0
 
 
-def _wait_loop(eng: _Engine) -> None:
+def _wait_loop(eng: _Receiver) -> None:
     """Not pserver's loop: a comm thread that sits in ``MPI_Wait`` (GIL released throughout).
 
     The what-if of the --gil check: how much of the bandwidth a thread keeps when it makes no
@@ -215,7 +211,7 @@ def _wait_loop(eng: _Engine) -> None:
             eng.progress()  # Test() of the completed (now null) request is true: count, repost
 
 
-def _finished(eng: _Engine) -> Any:
+def _finished(eng: _Receiver) -> Any:
     """The ``done`` test of a ``Waiter.until`` that drives ``eng`` (the nonblocking learner)."""
     return lambda: eng.progress() and eng.closing.is_set()
 
@@ -228,8 +224,8 @@ def gil_worker(size_mib: float, messages: int, solo_seconds: float) -> None:
     import numpy as np
     from mpi4py import MPI
 
+    from pserver.comm.engine import CommEngine
     from pserver.comm.waiting import PeerLog, Waiter
-    from pserver.roles.overlap import OverlapLearner
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
@@ -302,19 +298,29 @@ def gil_worker(size_mib: float, messages: int, solo_seconds: float) -> None:
                 done += chunk(a, c)
             solo = done / (time.perf_counter() - t0)
         case_start = time.perf_counter()
-        eng = _Engine(comm, buf, messages)
-        if mode in ("thread", "wait-thread"):
-            loop = OverlapLearner.comm_loop if mode == "thread" else _wait_loop
-            thread = threading.Thread(target=loop, args=(eng,), daemon=True)
+        if mode == "thread":  # pserver's engine: its thread stops after the last message
+            eng = _Receiver(comm, buf, messages, threading.Event())
+            engine = CommEngine(eng.progress, waiter, threaded=True)
+            eng.closing = engine.stop
+            engine.start()
+            if chunk is None:
+                eng.closing.wait()
+            while chunk is not None and not eng.closing.is_set():
+                eng.work += chunk(a, c)
+            engine.close()
+            if engine.error is not None:
+                raise engine.error
+        elif mode == "wait-thread":
+            eng = _Receiver(comm, buf, messages, threading.Event())
+            thread = threading.Thread(target=_wait_loop, args=(eng,), daemon=True)
             thread.start()
             if chunk is None:
                 eng.closing.wait()
             while chunk is not None and not eng.closing.is_set():
                 eng.work += chunk(a, c)
             thread.join()
-            if eng.comm_error is not None:
-                raise eng.comm_error
         else:
+            eng = _Receiver(comm, buf, messages, threading.Event())
             if chunk is None:  # idle: a learner blocked in its Waiter
                 waiter.until(_finished(eng), "messages")
             while chunk is not None and not eng.closing.is_set():

@@ -43,6 +43,28 @@ def tighten_timer_slack() -> None:
             pass
 
 
+class Backoff:
+    """The one back-off of the code base: ``SPIN_TESTS`` tests without sleeping (a reply already
+    on its way costs no sleep), then each sleep ``BACKOFF`` of the time idle so far, within
+    ``lo`` … ``hi`` (``comm.poll_min`` … ``comm.poll_max``). Used by :class:`Waiter` and by the
+    communication thread of :class:`pserver.comm.engine.CommEngine`."""
+
+    def __init__(self, lo: float, hi: float) -> None:
+        self.lo, self.hi = lo, hi
+        self.restart()
+
+    def restart(self) -> None:
+        """Something happened: the next tests spin again."""
+        self.tests, self.since = 0, time.monotonic()
+
+    def next_sleep(self) -> float:
+        """Seconds to sleep before the next test (0.0 while still spinning)."""
+        self.tests += 1
+        if self.tests < SPIN_TESTS:
+            return 0.0
+        return min(max(BACKOFF * (time.monotonic() - self.since), self.lo), self.hi)
+
+
 class PeerLog:
     """What this rank last received from each peer, for the stall report; with a ``roster``
     (the process of every rank, :mod:`pserver.comm.liveness`) also which peers have died, and
@@ -151,16 +173,16 @@ class Waiter:
         if self._test(done, what):
             return
         tighten_timer_slack()
-        start = time.monotonic()
+        backoff = Backoff(self.poll_min, self.poll_max)
+        start = backoff.since
         next_report = start + self.stall_timeout
         next_check = start + LIVENESS_PERIOD
-        tests, now = 0, start
         try:
             while not self._test(done, what):
-                tests += 1
-                if tests < SPIN_TESTS:
+                pause = backoff.next_sleep()
+                if not pause:
                     continue
-                time.sleep(min(max(BACKOFF * (now - start), self.poll_min), self.poll_max))
+                time.sleep(pause)
                 now = time.monotonic()
                 if now >= next_check:  # a dead peer would leave this wait without an end
                     next_check = now + LIVENESS_PERIOD

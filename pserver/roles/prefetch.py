@@ -101,3 +101,8 @@ class Prefetcher:
         self.free.put(None)
         if self.threaded:
             self.thread.join()
+
+    def bye(self) -> None:
+        """Tell the data server this learner takes no more minibatches (after :meth:`close`)."""
+        bye = Header(Tag.BYE, -1, -1, self.ctx.rank).pack(self.out[0])
+        self.comm.Send(bye, self.data_rank, Tag.BYE)

@@ -1,0 +1,138 @@
+"""A learner's children in the broadcast tree (Rudra-adv*, ``cluster.bcast_fanout``).
+
+A learner with children answers their pulls from the model it computes with. Children are
+served from versions of the model (:mod:`pserver.versions`): a send pins the version it reads,
+so installing a new model never waits for a slow or stopped child; a pull that finds no free
+version is held (only that pull waits) and served whenever a version is released. A pull for
+weights newer than ours waits until we install them; a stopped block answers STOP.
+"""
+
+from __future__ import annotations
+
+from mpi4py import MPI
+
+from pserver.comm.payload import Payloads
+from pserver.context import Context
+from pserver.roles.pslink import PSLink
+from pserver.topology import Block
+from pserver.versions import VersionPool
+from pserver.wire import Header, Reply, Tag, WireError, header_buffer, reply_tag
+
+
+class Children:
+    def __init__(self, ctx: Context, link: PSLink) -> None:
+        self.ctx, self.ch, self.link, self.xp = ctx, ctx.channels, link, ctx.xp
+        self.kids = {r for r, p in ctx.layout.bcast_parent.items() if p == ctx.rank}
+        self.live = set(self.kids)
+        self.hbuf = header_buffer()
+        self.waiting: list[Header] = []  # pulls for weights newer than ours
+        self.serving: list[tuple[MPI.Request, int]] = []  # (weight send to a child, ticket)
+        self.starved: list[Header] = []  # pulls held until a version is free
+        limit = (ctx.cfg.comm.versions or 1 + len(self.kids)) + 1  # + the one pulled into
+        self.pool = VersionPool(limit)
+        self.bufs = [link.w, link.w_comm]
+        self.incoming = self.pool.reserve()  # w_comm: where the next model arrives
+        self.relay = Payloads(ctx.backend, link.blocks, link.w.dtype, ctx.cfg.comm.staging)
+        self.relayed_bytes = 0
+
+    def progress(self) -> bool:
+        """Release finished sends, serve held pulls, read the children's messages; True when
+        a message was read."""
+        self.collect()
+        if self.starved and self.pool.may_pin():  # whoever released the version
+            starved, self.starved = self.starved, []
+            for h in starved:
+                self.serve(h)
+        changed = False
+        while self.live:
+            # a matched probe, not a posted ANY_SOURCE Irecv, which MPICH's UCX netmod loses
+            # across hosts (docs/architecture.md, "Wildcard receives"); a header is eager-sized,
+            # so once matched its receive completes at once
+            msg = self.ch.ctrl.Improbe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+            if msg is None:
+                break
+            msg.Recv(self.hbuf)
+            self.on_message(Header.unpack(self.hbuf[0]))
+            changed = True
+        return changed
+
+    def on_message(self, h: Header) -> None:
+        self.ctx.peers.note(h.sender, h)
+        if h.kind is Tag.BYE:
+            self.live.discard(h.sender)
+        elif h.kind is Tag.PULL:
+            self.serve(h)
+        else:
+            raise WireError(f"learner got unexpected {h} from rank {h.sender}")
+
+    def serve(self, h: Header) -> None:
+        """Answer a child learner from the model we compute with (Rudra-adv* broadcast tree)."""
+        link = self.link
+        b = link.by_index[h.block]
+        ts = link.have[b.index]
+        if b.index in link.stopped:
+            self.reply(h.sender, b, ts, Reply.STOP)
+        elif ts < max(h.aux, 0):
+            self.waiting.append(h)
+        elif ts == h.timestamp:
+            self.reply(h.sender, b, ts, Reply.CURRENT)
+        elif not (self.pool.may_pin() or (self.collect() and self.pool.may_pin())):
+            self.starved.append(h)  # only this pull waits for a version to be released
+        else:
+            self.reply(h.sender, b, ts, Reply.WEIGHTS)
+            v = self.pool.current
+            buf = self.relay.outgoing_version(b.index, v, link.w[b.start : b.stop])
+            self.serving.append((self.ch.bulk.Isend(buf, h.sender, b.index), self.pool.pin()))
+            self.relayed_bytes += buf.nbytes
+
+    def collect(self) -> bool:
+        """Release the versions read by sends to children that completed; True if any did."""
+        done = [(r, t) for r, t in self.serving if r.Test()]
+        for item in done:
+            self.serving.remove(item)
+            self.pool.release(item[1])
+        return bool(done)
+
+    def reply(self, dest: int, b: Block, ts: int, kind: Reply) -> None:
+        out = self.link.out[0]
+        Header(Tag.REPLY, b.index, ts, self.ctx.rank, int(kind)).pack(out)
+        self.ch.down.Send(out, dest, reply_tag(b.index))
+
+    def answer(self) -> None:
+        """Serve again the pulls that waited for weights newer than ours."""
+        waiting, self.waiting = self.waiting, []
+        for h in waiting:
+            self.serve(h)
+
+    def install(self, fresh: list[Block]) -> None:
+        """Install with children reading ``w``: the model that arrived becomes the current
+        version and the next one is pulled into a version no send reads (copy-on-write when
+        only some blocks arrived), so a child's open send is never waited for."""
+        pool, bufs, link = self.pool, self.bufs, self.link
+        self.collect()
+        if len(fresh) == len(link.blocks) and not link.posted:  # whole model: w_comm becomes w
+            pool.publish(self.incoming)
+            self.incoming = pool.reserve()  # VersionPool.may_pin leaves one
+        else:  # some blocks (others stopped): copy them into a version nobody reads
+            write = pool.write()
+            self.ensure_versions()
+            if write.copy_from is not None:
+                self.xp.copyto(bufs[write.target], bufs[write.copy_from])
+            link.w = bufs[write.target]
+            link.install(fresh)
+        self.ensure_versions()
+        link.w, link.w_comm = bufs[pool.current], bufs[self.incoming]
+
+    def ensure_versions(self) -> None:
+        while len(self.bufs) < self.pool.allocated:
+            self.bufs.append(self.xp.empty_like(self.link.w))
+
+    def drained(self) -> bool:
+        """Every child said goodbye, every send to one is done, no pull is held."""
+        return not self.live and not self.serving and not self.starved
+
+    def pending(self) -> str:
+        return (
+            f"child learners {sorted(self.live)}, {len(self.serving)} weight sends to them, "
+            f"{len(self.starved)} of their pulls held"
+        )

@@ -1,0 +1,151 @@
+"""The learner's loop (Rudra §III-B): fetch a minibatch, compute loss and gradient, exchange.
+
+The trainer knows nothing of servers. Its exchange decides what happens to the weights:
+``weights()`` gives the model to compute the next minibatch on (None once the run is over),
+``gradient_buffer()`` lends the array the gradient is computed into, ``gradient(g)`` takes it,
+``done()`` drains what the exchange still has to deliver (returning the seconds blocked on the
+last push), ``close()`` stops its progress (also after an error) and ``finish()`` says goodbye.
+The trainer owns the rest: the minibatches (from the prefetcher), the non-finite check, the
+injected faults and delays (``inject.*``), the timings and the ``train`` and ``learners`` rows.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Protocol
+
+from pserver.comm.waiting import Waiter
+from pserver.config import inject_plan
+from pserver.errors import diverged
+from pserver.wire import Header, Tag, header_buffer
+
+
+class Exchange(Protocol):
+    """What a trainer needs of an exchange (see the module docstring)."""
+
+    waiter: Waiter  # its waits, counted in the ``learners`` row's wait_time
+    have: dict[int, int]  # timestamp of each block held (for the divergence report)
+    relayed_bytes: int  # weights this learner forwarded to others (a broadcast tree)
+    freeze_after_weights: bool  # inject.freeze_*: after weights() (True) or after gradient()
+
+    def weights(self) -> Any | None: ...
+    def gradient_buffer(self) -> Any: ...
+    def gradient(self, g: Any) -> None: ...
+    def staleness(self) -> tuple[float, int]: ...
+    def done(self) -> float: ...
+    def close(self) -> None: ...
+    def finish(self) -> None: ...
+
+
+class Trainer:
+    def __init__(self, ctx: Any, exchange: Exchange, prefetch: Any) -> None:
+        self.ctx, self.cfg, self.xp = ctx, ctx.cfg, ctx.xp
+        self.ex, self.prefetch = exchange, prefetch
+        self.index = ctx.layout.index(ctx.rank)
+        self.records = ctx.records()
+        self.model = ctx.model
+        self.inject = inject_plan(self.cfg)
+        self.extra_compute = self.inject.compute_time_for(self.index)
+        self.slow = self.index == self.cfg.inject.slow_learner
+        self.steps = 0
+        self.compute_time = self.pull_time = self.push_time = 0.0
+
+    def run(self) -> None:
+        try:
+            while self.step():
+                self.records.maybe_send()
+            self.push_time += self.ex.done()
+        finally:
+            self.ex.close()
+            self.prefetch.close()
+        self.ex.finish()
+        self.prefetch.bye()
+        self.report()
+
+    def step(self) -> bool:
+        t0 = time.perf_counter()
+        w = self.ex.weights()
+        if w is None:
+            return False
+        pull = time.perf_counter() - t0
+        if self.ex.freeze_after_weights:
+            self.freeze()
+        t1 = time.perf_counter()
+        X, y = self.prefetch.get()
+        t2 = time.perf_counter()
+        grad = self.ex.gradient_buffer()
+        self.compute(w, X, y, grad)
+        t3 = time.perf_counter()
+        self.prefetch.release()
+        self.ex.gradient(grad)
+        push = time.perf_counter() - t3
+        if not self.ex.freeze_after_weights:
+            self.freeze()
+        self.account(pull, t2 - t1, t3 - t2, push)
+        return True
+
+    def account(self, pull: float, fetch: float, compute: float, push: float) -> None:
+        """Add one minibatch's seconds to the totals and write its ``train`` row."""
+        self.compute_time += compute
+        self.pull_time += pull
+        self.push_time += push
+        stale, dropped = self.ex.staleness()
+        self.records.add(
+            "train",
+            learner=self.index,
+            step=self.steps,
+            time=self.ctx.now(),
+            loss=self.loss,
+            error=self.error,
+            compute_time=compute,
+            wait_time=pull + fetch + push,
+            pull_time=pull,
+            push_time=push,
+            stale_fraction=stale,
+            dropped_blocks=dropped,
+        )
+        self.steps += 1
+
+    def compute(self, w: Any, X: Any, y: Any, grad: Any) -> None:
+        if self.index == self.cfg.inject.fail_learner and self.steps == self.cfg.inject.fail_step:
+            raise RuntimeError(f"failure injected at step {self.steps} (inject.fail_learner)")
+        started = time.perf_counter()
+        self.loss, self.error = self.model.loss_grad(w, X, y, grad)
+        if not math.isfinite(self.loss):  # NaN or inf weights (or lr too large): stop now
+            bad = int((~self.xp.isfinite(w)).sum())
+            raise diverged(self.loss, self.steps, self.ex.have, bad, self.cfg.optim.lr)
+        self.ctx.backend.synchronize()
+        extra = self.extra_compute  # emulated accelerator work: the CPU idles
+        if self.slow:  # an injected straggler also takes longer for its real compute
+            extra += (self.cfg.inject.learner_factor - 1.0) * (time.perf_counter() - started)
+        if extra > 0.0:
+            time.sleep(extra)
+
+    def freeze(self) -> None:
+        """``inject.freeze_*``: stop without calling MPI, weights of our pull on their way."""
+        seconds = self.inject.freeze_for(self.index, self.steps)
+        if seconds > 0.0:
+            time.sleep(seconds)
+
+    def report(self) -> None:
+        """The ``learners`` row, then the last statistics and the goodbye to their server."""
+        busy = self.compute_time + self.pull_time + self.push_time
+        self.records.add(
+            "learners",
+            learner=self.index,
+            minibatches=self.steps,
+            compute_time=self.compute_time,
+            wait_time=self.ex.waiter.waited + self.prefetch.waited,
+            samples=self.steps * self.cfg.data.batch_size,
+            pull_time=self.pull_time,
+            push_time=self.push_time,
+            relayed_bytes=self.ex.relayed_bytes,
+            # Rudra Table I: the share of a learner's time spent computing, not blocked
+            overlap=self.compute_time / max(busy, 1e-12),
+            **self.records.usage(),
+        )
+        waiter = self.ex.waiter
+        self.records.close(waiter)
+        bye = Header(Tag.BYE, -1, -1, self.ctx.rank).pack(header_buffer()[0])
+        self.records.bye(bye, Tag.BYE, waiter)
