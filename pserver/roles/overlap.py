@@ -33,6 +33,7 @@ from pserver.comm.payload import Payloads
 from pserver.comm.waiting import BACKOFF, SPIN_TESTS, tighten_timer_slack
 from pserver.context import Context
 from pserver.inflight import InflightWindow, inflight_limit
+from pserver.protocols.pull import pull_answer
 from pserver.roles.learner import Learner
 from pserver.topology import Block
 from pserver.versions import VersionPool
@@ -119,12 +120,13 @@ class OverlapLearner(Learner):
         """Answer a child learner from the model we compute with (Rudra-adv* broadcast tree)."""
         b = self.by_index[h.block]
         ts = self.have[b.index]
-        if b.index in self.stopped:
-            self.reply_kid(h.sender, b, ts, Reply.STOP)
-        elif ts < max(h.aux, 0):
+        answer = pull_answer(
+            stopped=b.index in self.stopped, ts=ts, holds=h.timestamp, accepts=h.aux
+        )
+        if answer is None:
             self.kid_waiting.append(h)
-        elif ts == h.timestamp:
-            self.reply_kid(h.sender, b, ts, Reply.CURRENT)
+        elif answer is not Reply.WEIGHTS:
+            self.reply_kid(h.sender, b, ts, answer)
         elif not (self.kid_pool.may_pin() or (self.collect_kids() and self.kid_pool.may_pin())):
             self.kid_starved.append(h)  # only this pull waits for a version to be released
         else:

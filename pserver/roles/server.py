@@ -21,8 +21,11 @@ from pserver.comm.payload import Payloads
 from pserver.comm.waiting import Waiter
 from pserver.config import inject_plan
 from pserver.context import Context
-from pserver.optim import make_updater, scheduled_lr
-from pserver.protocols import Arrival, Protocol, UpdateDecision, make_protocol
+from pserver.epochs import EpochCounter
+from pserver.optim import make_updater
+from pserver.protocols import UpdateDecision, make_protocol
+from pserver.protocols.pull import pull_answer
+from pserver.shard_block import ShardBlock
 from pserver.topology import Block
 from pserver.versions import VersionPool
 from pserver.wire import (
@@ -51,7 +54,7 @@ def snapshot_queue(shard_bytes: int) -> int:
 
 @dataclass
 class BlockState:
-    """One block's weights, timestamp, protocol round and in-flight sends.
+    """One block's arithmetic (``pserver.shard_block``), its in-flight sends and held pulls.
 
     Pulls are served from versions (``pserver.versions``): ``bufs`` are the buffers weight
     sends read (versions of ``w``, or with host staging its staged copies), ``pool`` says which
@@ -60,24 +63,13 @@ class BlockState:
     """
 
     block: Block
-    w: Any
-    recv: Any  # gradient receive buffer
-    accum: Any  # aggregate of the accepted gradients of the current round
+    arith: ShardBlock
     snapshot: Any  # copy sent to the statistics server for testing
-    protocol: Protocol
-    updater: Any
-    ts: int = 0
-    applied: int = 0  # gradients that entered an update
-    in_round: int = 0  # gradients accumulated into ``accum`` this round
-    held: Any = None  # the round's one gradient where it arrived (``recv`` or a shared slot)
     pool: VersionPool = field(default_factory=lambda: VersionPool(2))
     bufs: list[Any] = field(default_factory=list)  # what sends read, indexed as in ``pool``
     readers: dict[int, int] = field(default_factory=dict)  # learner -> ticket of its version
-    done: bool = False
-    dropped: int = 0  # gradients the protocol refused
     staged_ts: int = -1  # timestamp of the staged (or device-synchronized) current version
     copy_cost: float = 0.0  # seconds the last copy-on-write of the block took
-    next_epoch: int = 1
     waiting_pulls: list[Header] = field(default_factory=list)
     starved: list[Header] = field(default_factory=list)  # pulls held until a version is free
     inflight: list[tuple[MPI.Request, int]] = field(default_factory=list)  # (send, pool ticket)
@@ -98,7 +90,6 @@ class ServerShard:
         self.waiter: Waiter = ctx.waiter()
         self.records = ctx.records()
         self.live = set(ctx.layout.children(None))  # learners, or the top aggregators
-        self.total_samples = self.cfg.run.epochs * ctx.train_size
         self.out = header_buffer()
         self.shm = ctx.shm if ctx.shm is not None and ctx.rank in ctx.shm.local else None
         self.ack = np.empty(0, dtype=np.int8)  # shared-window copies are acknowledged empty
@@ -126,16 +117,20 @@ class ServerShard:
         if self.shm is not None:  # the weights live in the node's window, where learners read
             w = self.shm.weights(self.ctx.rank, b)
             w[...] = weights[b.start : b.stop]
+        arith = ShardBlock(
+            w,
+            make_protocol(self.cfg, len(self.ctx.layout.learners)),
+            make_updater(self.cfg.optim, b.size, xp, dtype),
+            self.cfg.optim,
+            EpochCounter.from_config(self.cfg, self.ctx.train_size),
+            xp,
+        )
         return BlockState(
             block=b,
-            w=w,
+            arith=arith,
             pool=VersionPool(self.version_limit()),
             bufs=[] if self.staged else [w],
-            recv=xp.empty_like(w),
-            accum=xp.zeros_like(w),
             snapshot=np.empty(b.size, dtype=dtype),  # on the host: stats stay off the GPU
-            protocol=make_protocol(self.cfg, len(self.ctx.layout.learners)),
-            updater=make_updater(self.cfg.optim, b.size, xp, dtype),
         )
 
     def version_limit(self) -> int:
@@ -149,7 +144,7 @@ class ServerShard:
         self.ctx.log.info(
             "serving blocks %s (%s)",
             sorted(self.blocks),
-            next(iter(self.blocks.values())).protocol.describe(),
+            next(iter(self.blocks.values())).arith.protocol.describe(),
         )
         inbox = Inbox(self.ch.ctrl, self.waiter, self.ctx.peers)
         what = lambda: f"a push or pull from learners {sorted(self.live)}"  # noqa: E731
@@ -172,7 +167,7 @@ class ServerShard:
 
     def next_due(self) -> float | None:
         """The earliest protocol timeout (PSP's τ1) or injected delayed reply."""
-        dues = [d for st in self.blocks.values() if (d := st.protocol.deadline()) is not None]
+        dues = [d for st in self.blocks.values() if (d := st.arith.protocol.deadline()) is not None]
         if self.delayed:
             dues.append(self.delayed[0][0])
         return min(dues, default=None)
@@ -180,7 +175,7 @@ class ServerShard:
     def on_time(self) -> None:
         now = self.ctx.now()
         for st in self.blocks.values():
-            if st.protocol.deadline() is not None and st.protocol.ready(now):
+            if st.arith.protocol.deadline() is not None and st.arith.ready(now):
                 self.update(st)
         while self.delayed and self.delayed[0][0] <= now:
             self.answer(heapq.heappop(self.delayed)[2])
@@ -195,15 +190,14 @@ class ServerShard:
 
     def on_push(self, h: Header) -> None:
         st = self.blocks[h.block]
-        if st.held is st.recv and st.held is not None:  # a second gradient joins the round
-            st.recv, st.accum, st.held = st.accum, st.recv, None  # move the first out of recv
+        recv = st.arith.inbox()
         if self.shared(h):  # the learner computed it in its slot of our window
             g = self.shm.slot(self.ctx.rank, h.sender, st.block)
             self.shm.sync()
             if h.sender in st.readers:  # done computing: it reads no version until answered
                 st.pool.release(st.readers.pop(h.sender))
         else:
-            g = st.recv
+            g = recv
             req = self.ch.bulk.Irecv(self.payloads.incoming(h.block, g), h.sender, h.block)
             what = lambda: f"gradient payload of block {h.block} from rank {h.sender}"  # noqa: E731
             self.waiter.wait(req, what)
@@ -212,10 +206,7 @@ class ServerShard:
         try:
             self.take_gradient(st, h, g)
         finally:
-            if st.held is not None and st.held is not st.recv:
-                # the learner may reuse its slot once we answer its pull: keep our own copy
-                self.xp.copyto(st.accum, st.held)
-                st.held = None
+            st.arith.keep()  # the learner may reuse its slot once we answer its pull
 
     def shared(self, h: Header) -> bool:
         """Whether this push left its gradient in our shared window (a learner of our node)."""
@@ -224,23 +215,18 @@ class ServerShard:
     def take_gradient(self, st: BlockState, h: Header, g: Any) -> None:
         """The protocol's decision on the gradient(s) of one push, now in ``g``."""
         entries = self.contributions(h)
-        if st.done:
+        now = self.ctx.now()
+        ts = st.arith.ts
+        taken = st.arith.accept(entries, g, now)
+        if taken.after_stop:
             self.dropped_after_stop += len(entries)
             return
-        now = self.ctx.now()
-        decisions = [
-            st.protocol.on_gradient(Arrival(lr, ts, now, it), st.ts) for lr, ts, it in entries
-        ]
-        accepted = all(d.accept for d in decisions)  # an aggregated sum is taken whole or not
-        for (learner, ts, _), d in zip(entries, decisions, strict=True):
-            self.record_gradient(st, learner, ts, d.staleness, accepted)
-        if accepted:
-            self.accumulate(st, decisions[0].weight, g)
-        else:
-            st.dropped += len(entries)
-        if st.protocol.ready(now):
+        for (learner, sent_ts, _), d in zip(entries, taken.decisions, strict=True):
+            update = ts + 1 if taken.accepted else -1
+            self.record_gradient(st, learner, sent_ts, d.staleness, update)
+        if st.arith.ready(now):
             self.update(st)
-        elif not accepted and self.cfg.run.epoch_basis == "computed":
+        elif not taken.accepted and st.arith.epochs.counts_drops:
             self.after_update(st)  # a dropped gradient still consumed a minibatch of the epoch
 
     def contributions(self, h: Header) -> list[tuple[int, int, int | None]]:
@@ -252,38 +238,16 @@ class ServerShard:
         self.ch.ctrl.Recv(pairs, h.sender, Tag.CLOCK)
         return [(int(pairs[2 * i]), int(pairs[2 * i + 1]), None) for i in range(h.aux)]
 
-    def accumulate(self, st: BlockState, weight: float, g: Any) -> None:
-        xp = self.xp
-        if st.in_round == 0:  # first of the round: overwrite instead of zero-then-add
-            if weight == 1.0:
-                # left where it arrived: a round of one gradient (async, one learner) updates
-                # straight from the receive buffer or the shared slot, with no copy
-                st.held = g
-            else:
-                xp.multiply(g, weight, out=st.accum)
-        elif weight == 1.0:
-            xp.add(st.accum, g, out=st.accum)
-        else:
-            st.accum += weight * g
-        st.in_round += 1
-
     def update(self, st: BlockState) -> None:
-        decision = st.protocol.commit(st.ts)
-        epoch = self.samples_used(st) // self.ctx.train_size  # the epoch these gradients are in
-        lr = scheduled_lr(self.cfg.optim, epoch) * decision.lr_scale
-        g = st.accum if st.held is None else st.held
-        if decision.divisor != 1.0:
-            self.xp.multiply(g, 1.0 / decision.divisor, out=g)
-        if not self.staged:  # sends read w itself: never under them (copy-on-write)
-            self.new_version(st)
-        st.updater.step(st.w, g, lr)
-        st.ts, st.in_round, st.held = decision.new_timestamp, 0, None
-        st.applied += len(decision.vector_clock)
-        self.record_update(st, decision, lr)
+        decision = st.arith.commit()
+        into = None if self.staged else self.new_version(st)  # sends read w: copy-on-write
+        applied = st.arith.apply(decision, into)
+        self.record_update(st, applied.decision, applied.lr)
         self.after_update(st)
 
-    def new_version(self, st: BlockState) -> None:
-        """Make ``st.w`` a buffer no send or learner reads, for the update to write.
+    def new_version(self, st: BlockState) -> Any:
+        """A buffer no send or learner reads, holding the current weights, for the update to
+        write (``w`` itself when nothing reads it).
 
         In place when every send of the current version has completed; else the weights are
         copied to a free version (allocated up to ``comm.versions``), which the pool's rule
@@ -293,7 +257,7 @@ class ServerShard:
         receiver thus delays an update by at most one copy's time, and only the first update
         after it stopped (later ones find its version no longer current).
         """
-        self.give_sends(st, st.copy_cost or st.w.nbytes / 2e9)
+        self.give_sends(st, st.copy_cost or st.arith.w.nbytes / 2e9)
         write = st.pool.write()
         while len(st.bufs) < st.pool.allocated:
             st.bufs.append(self.version_buffer(st, len(st.bufs)))
@@ -301,7 +265,7 @@ class ServerShard:
             started = time.perf_counter()
             self.xp.copyto(st.bufs[write.target], st.bufs[write.copy_from])
             st.copy_cost = time.perf_counter() - started
-        st.w = st.bufs[write.target]
+        return st.bufs[write.target]
 
     def give_sends(self, st: BlockState, seconds: float) -> None:
         """Let the sends reading the current version complete, for at most ``seconds``; not
@@ -324,7 +288,7 @@ class ServerShard:
         """A new buffer for version ``version`` of the block (in the window with shm)."""
         if self.shm is not None:
             return self.shm.weights(self.ctx.rank, st.block, version)
-        return self.xp.empty_like(st.w)
+        return self.xp.empty_like(st.arith.w)
 
     def collect(self, st: BlockState) -> bool:
         """Release the versions read by sends that have completed; True if any did."""
@@ -354,29 +318,12 @@ class ServerShard:
         return st.pool.may_pin() or (self.collect(st) and st.pool.may_pin())
 
     def after_update(self, st: BlockState) -> None:
-        """Epoch accounting, tests at epoch ends, the end of training, and the held pulls.
-
-        ``run.epoch_basis = "applied"`` counts the gradients that entered updates (Rudra: the
-        server trains the given epochs); ``"computed"`` also counts those the protocol dropped,
-        i.e. passes of the learners over the data (PSP-SGD's epochs under partial pushing).
-        """
-        samples = self.samples_used(st)
-        while samples >= st.next_epoch * self.ctx.train_size:
-            epoch = st.next_epoch
-            st.next_epoch += 1
-            final = samples >= self.total_samples
-            if final or epoch % self.cfg.stats.test_every == 0:
-                self.send_snapshot(st, epoch)
+        """Tests at epoch ends (``pserver.epochs``), then the held pulls."""
+        for epoch in st.arith.epoch_ends().tested:
+            self.send_snapshot(st, epoch)
         if st.queued:
             self.advance_snapshots(st)
-        if samples >= self.total_samples:
-            st.done = True
         self.answer_waiting(st)
-
-    def samples_used(self, st: BlockState) -> int:
-        """Samples counted towards the epochs so far (``run.epoch_basis``, see after_update)."""
-        used = st.applied + (st.dropped if self.cfg.run.epoch_basis == "computed" else 0)
-        return used * self.cfg.data.batch_size
 
     def answer_waiting(self, st: BlockState) -> None:
         waiting, st.waiting_pulls = st.waiting_pulls, []
@@ -410,14 +357,17 @@ class ServerShard:
         """
         st = self.blocks[h.block]
         reads = self.zero_copy and h.sender in self.window_peers  # computes on the version
-        if st.done:
-            self.reply(h.sender, st, Reply.STOP)
-        elif st.ts < h.aux or not st.protocol.pull_ready(self.ctx.layout.index(h.sender)):
+        a = st.arith
+        ready = lambda: a.protocol.pull_ready(self.ctx.layout.index(h.sender))  # noqa: E731
+        answer = pull_answer(
+            stopped=a.done, ts=a.ts, holds=h.timestamp, accepts=h.aux, ready=ready, reads=reads
+        )
+        if answer is None:
             st.waiting_pulls.append(h)
-        elif st.ts == h.timestamp and not reads:
-            self.reply(h.sender, st, Reply.CURRENT)
+        elif answer is not Reply.WEIGHTS:
+            self.reply(h.sender, st, answer)
         else:
-            if self.staged and st.staged_ts != st.ts:
+            if self.staged and st.staged_ts != a.ts:
                 self.stage(st)  # once per update, however many learners pull it
             if not self.can_pin(st):
                 st.starved.append(h)
@@ -425,10 +375,10 @@ class ServerShard:
                 if h.sender in st.readers:  # cannot happen (a push comes between): no leak
                     st.pool.release(st.readers.pop(h.sender))
                 st.readers[h.sender] = st.pool.pin()
-                current = st.ts == h.timestamp
+                current = a.ts == h.timestamp
                 if not current:
                     self.shm.sync()  # our update is visible before the reply that announces it
-                    self.bytes_out += st.w.nbytes
+                    self.bytes_out += a.w.nbytes
                 kind = Reply.CURRENT if current else Reply.WEIGHTS
                 self.reply(h.sender, st, kind, st.pool.current)
             else:
@@ -444,37 +394,37 @@ class ServerShard:
             req = self.ch.ack.Irecv(self.ack, dest, b)
         else:
             self.reply(dest, st, Reply.WEIGHTS)
-            if not self.staged and st.staged_ts != st.ts:  # MPI must not read a busy device
+            if not self.staged and st.staged_ts != st.arith.ts:  # MPI must not read a busy device
                 self.ctx.backend.synchronize()
-                st.staged_ts = st.ts
+                st.staged_ts = st.arith.ts
             req = self.ch.bulk.Isend(st.bufs[st.pool.current], dest, b)
         st.inflight.append((req, st.pool.pin()))
-        self.bytes_out += st.w.nbytes
+        self.bytes_out += st.arith.w.nbytes
 
     def stage(self, st: BlockState) -> None:
         """Copy ``w`` to a staged host version no send reads (never waits, see new_version)."""
         self.collect(st)
         write = st.pool.write(copy=False)
-        buf = self.payloads.outgoing_version(st.block.index, write.target, st.w)
+        buf = self.payloads.outgoing_version(st.block.index, write.target, st.arith.serve())
         if write.target == len(st.bufs):
             st.bufs.append(buf)
-        st.staged_ts = st.ts
+        st.staged_ts = st.arith.ts
 
     def reply(self, dest: int, st: BlockState, kind: Reply, version: int = 0) -> None:
         aux = reply_aux(kind, version)
-        Header(Tag.REPLY, st.block.index, st.ts, self.ctx.rank, aux).pack(self.out[0])
+        Header(Tag.REPLY, st.block.index, st.arith.ts, self.ctx.rank, aux).pack(self.out[0])
         self.ch.down.Send(self.out[0], dest, reply_tag(st.block.index))
 
     def on_bye(self, h: Header) -> None:
         self.live.discard(h.sender)
         for st in self.blocks.values():
-            st.protocol.retire(self.ctx.layout.index(h.sender))
+            st.arith.protocol.retire(self.ctx.layout.index(h.sender))
             self.answer_waiting(st)
 
     # -- statistics --------------------------------------------------------------------------
 
     def record_gradient(
-        self, st: BlockState, learner: int, ts: int, sigma: int, accepted: bool
+        self, st: BlockState, learner: int, ts: int, sigma: int, update: int
     ) -> None:
         if st.block.index != self.first_block:
             return  # every block of a shard sees the same pushes in the same order
@@ -484,7 +434,7 @@ class ServerShard:
             learner=learner,
             timestamp=ts,
             staleness=sigma,
-            update=st.ts + 1 if accepted else -1,
+            update=update,
             time=self.ctx.now(),
         )
 
@@ -516,14 +466,14 @@ class ServerShard:
         self.records.send()  # the progress line at this epoch then shows current staleness
         self.advance_snapshots(st)
         if not st.snapshot_reqs:
-            self.ctx.backend.copy_to_host(st.w, st.snapshot)
-            self.post_snapshot(st, epoch, st.ts, st.snapshot)
+            self.ctx.backend.copy_to_host(st.arith.w, st.snapshot)
+            self.post_snapshot(st, epoch, st.arith.ts, st.snapshot)
         elif epoch >= self.cfg.run.epochs:
             st.final_epoch = epoch
         elif len(st.queued) < self.snapshot_depth:
             buf = st.spare.pop() if st.spare else np.empty_like(st.snapshot)
-            self.ctx.backend.copy_to_host(st.w, buf)
-            st.queued.append((epoch, st.ts, buf))
+            self.ctx.backend.copy_to_host(st.arith.w, buf)
+            st.queued.append((epoch, st.arith.ts, buf))
         else:
             st.skipped_snapshots += 1
 
@@ -556,8 +506,8 @@ class ServerShard:
             self.advance_snapshots(st)
         if st.final_epoch:
             self.waiter.waitall(st.snapshot_reqs, what)
-            self.ctx.backend.copy_to_host(st.w, st.snapshot)
-            self.post_snapshot(st, st.final_epoch, st.ts, st.snapshot)
+            self.ctx.backend.copy_to_host(st.arith.w, st.snapshot)
+            self.post_snapshot(st, st.final_epoch, st.arith.ts, st.snapshot)
         self.waitall(st.snapshot_reqs, what)
 
     def waitall(self, reqs: list[MPI.Request], what: str) -> None:
@@ -579,7 +529,7 @@ class ServerShard:
         self.records.add(
             "servers",
             shard=self.shard,
-            updates=max(s.ts for s in self.blocks.values()),
+            updates=max(s.arith.ts for s in self.blocks.values()),
             dropped_after_stop=self.dropped_after_stop,
             wait_time=self.waiter.waited,
             bytes_in=self.bytes_in,
@@ -589,8 +539,8 @@ class ServerShard:
         )
         for st in self.blocks.values():
             self.records.add(
-                "blocks", block=st.block.index, shard=self.shard, timestamp=st.ts,
-                applied=st.applied, dropped=st.dropped, size=st.block.size,
+                "blocks", block=st.block.index, shard=self.shard, timestamp=st.arith.ts,
+                applied=st.arith.applied, dropped=st.arith.dropped, size=st.block.size,
             )
         self.records.close(self.waiter)
         hdr = Header(Tag.SERVER_BYE, -1, -1, self.ctx.rank).pack(self.out[0])
