@@ -1,8 +1,10 @@
 """Parameter-server shard: owns some blocks, aggregates gradients by the protocol, answers pulls.
 
 The loop receives headers in arrival order on the control communicator and dispatches them
-through a handler table. Arithmetic on parameters lives in the updater; synchronization
-decisions live in the protocol object; this file only moves messages between them.
+through a handler table. This file keeps requests, held pulls and bookkeeping; each block's
+arithmetic, protocol round and epoch count live in ``pserver.shard_block`` (pure), the answer to
+a pull in ``pserver.protocols.pull``, the versions pulls read in ``shard_versions`` and the
+snapshots for the statistics server in ``snapshots``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
 from pserver.comm.inbox import Inbox
 from pserver.comm.payload import Payloads
@@ -25,9 +26,10 @@ from pserver.epochs import EpochCounter
 from pserver.optim import make_updater
 from pserver.protocols import UpdateDecision, make_protocol
 from pserver.protocols.pull import pull_answer
+from pserver.roles.shard_versions import ServedVersions
+from pserver.roles.snapshots import SNAPSHOT_QUEUE_MAX, Snapshots, snapshot_queue
 from pserver.shard_block import ShardBlock
 from pserver.topology import Block
-from pserver.versions import VersionPool
 from pserver.wire import (
     Header,
     Reply,
@@ -39,46 +41,19 @@ from pserver.wire import (
     reply_tag,
 )
 
-# model snapshots a block may queue while one is on its way to statistics: as many as fit in
-# SNAPSHOT_QUEUE_BYTES of host copies per shard, between 1 and SNAPSHOT_QUEUE_MAX
-SNAPSHOT_QUEUE_MAX = 8
-SNAPSHOT_QUEUE_BYTES = 64 << 20
-
-
-def snapshot_queue(shard_bytes: int) -> int:
-    """Queued snapshots per block for a shard of ``shard_bytes``: 8 for small models, one for a
-    model whose shard exceeds 64 MiB (a tiny model's epochs end faster than a loaded
-    statistics server tests them; a large one's take long enough for one to be plenty)."""
-    return max(1, min(SNAPSHOT_QUEUE_MAX, SNAPSHOT_QUEUE_BYTES // max(shard_bytes, 1)))
-
+__all__ = ["SNAPSHOT_QUEUE_MAX", "BlockState", "ServerShard", "snapshot_queue"]
 
 @dataclass
 class BlockState:
-    """One block's arithmetic (``pserver.shard_block``), its in-flight sends and held pulls.
-
-    Pulls are served from versions (``pserver.versions``): ``bufs`` are the buffers weight
-    sends read (versions of ``w``, or with host staging its staged copies), ``pool`` says which
-    one is current and which are pinned by a send still in flight, so an update never waits
-    for a receiver.
-    """
+    """One block at the shard: its arithmetic (``pserver.shard_block``), the versions pulls
+    read and the sends reading them, its snapshots, and the pulls it holds."""
 
     block: Block
     arith: ShardBlock
-    snapshot: Any  # copy sent to the statistics server for testing
-    pool: VersionPool = field(default_factory=lambda: VersionPool(2))
-    bufs: list[Any] = field(default_factory=list)  # what sends read, indexed as in ``pool``
-    readers: dict[int, int] = field(default_factory=dict)  # learner -> ticket of its version
-    staged_ts: int = -1  # timestamp of the staged (or device-synchronized) current version
-    copy_cost: float = 0.0  # seconds the last copy-on-write of the block took
-    waiting_pulls: list[Header] = field(default_factory=list)
+    versions: ServedVersions
+    snaps: Snapshots
+    waiting_pulls: list[Header] = field(default_factory=list)  # held by the pull rule
     starved: list[Header] = field(default_factory=list)  # pulls held until a version is free
-    inflight: list[tuple[MPI.Request, int]] = field(default_factory=list)  # (send, pool ticket)
-    snapshot_reqs: list[MPI.Request] = field(default_factory=list)  # header and payload
-    snapshot_hdr: Any = None  # the header those sends read
-    queued: list[tuple[int, int, Any]] = field(default_factory=list)  # (epoch, ts, host copy)
-    spare: list[Any] = field(default_factory=list)  # host buffers for queued snapshots
-    final_epoch: int = 0  # the final snapshot, deferred to ``finish`` behind the others
-    skipped_snapshots: int = 0
 
 
 class ServerShard:
@@ -100,10 +75,11 @@ class ServerShard:
         self.payloads = Payloads(ctx.backend, mine, weights.dtype, self.cfg.comm.staging)
         # with host staging MPI reads staged copies, which are versioned; else w itself is
         self.staged = self.payloads.staged and self.shm is None
+        itemsize = np.dtype(weights.dtype).itemsize
+        self.snapshot_depth = snapshot_queue(sum(b.size for b in mine) * itemsize)
         self.blocks = {b.index: self.make_state(b, weights) for b in mine}
         self.handlers = {Tag.PUSH: self.on_push, Tag.PULL: self.on_pull, Tag.BYE: self.on_bye}
         self.first_block = min(self.blocks)
-        self.snapshot_depth = snapshot_queue(sum(st.snapshot.nbytes for st in self.blocks.values()))
         self.dropped_after_stop = 0
         self.bytes_in = self.bytes_out = 0
         self.plan = inject_plan(self.cfg)
@@ -125,13 +101,11 @@ class ServerShard:
             EpochCounter.from_config(self.cfg, self.ctx.train_size),
             xp,
         )
-        return BlockState(
-            block=b,
-            arith=arith,
-            pool=VersionPool(self.version_limit()),
-            bufs=[] if self.staged else [w],
-            snapshot=np.empty(b.size, dtype=dtype),  # on the host: stats stay off the GPU
-        )
+        bufs = [] if self.staged else [w]
+        buffer = lambda v: self.version_buffer(b, w, v)  # noqa: E731
+        versions = ServedVersions(b.index, self.version_limit(), bufs, buffer, xp)
+        snaps = Snapshots(self.ctx, b.index, b.size, dtype, self.snapshot_depth)
+        return BlockState(b, arith, versions, snaps)
 
     def version_limit(self) -> int:
         """Buffers per block (``comm.versions``; 0: one per reader plus the current one, so a
@@ -194,8 +168,7 @@ class ServerShard:
         if self.shared(h):  # the learner computed it in its slot of our window
             g = self.shm.slot(self.ctx.rank, h.sender, st.block)
             self.shm.sync()
-            if h.sender in st.readers:  # done computing: it reads no version until answered
-                st.pool.release(st.readers.pop(h.sender))
+            st.versions.unpin_reader(h.sender)  # done computing: reads none until answered
         else:
             g = recv
             req = self.ch.bulk.Irecv(self.payloads.incoming(h.block, g), h.sender, h.block)
@@ -240,89 +213,40 @@ class ServerShard:
 
     def update(self, st: BlockState) -> None:
         decision = st.arith.commit()
-        into = None if self.staged else self.new_version(st)  # sends read w: copy-on-write
+        # sends read w itself: never under them (copy-on-write)
+        into = None if self.staged else st.versions.new_version(self.waiter, st.arith.w.nbytes)
         applied = st.arith.apply(decision, into)
         self.record_update(st, applied.decision, applied.lr)
         self.after_update(st)
 
-    def new_version(self, st: BlockState) -> Any:
-        """A buffer no send or learner reads, holding the current weights, for the update to
-        write (``w`` itself when nothing reads it).
-
-        In place when every send of the current version has completed; else the weights are
-        copied to a free version (allocated up to ``comm.versions``), which the pool's rule
-        (``VersionPool.may_pin``) keeps whenever the current one is read. Sends to responsive
-        receivers are given at most as long as that copy takes (the last one's duration) to
-        complete first: driving them is work the shard does anyway, the copy is not. A stopped
-        receiver thus delays an update by at most one copy's time, and only the first update
-        after it stopped (later ones find its version no longer current).
-        """
-        self.give_sends(st, st.copy_cost or st.arith.w.nbytes / 2e9)
-        write = st.pool.write()
-        while len(st.bufs) < st.pool.allocated:
-            st.bufs.append(self.version_buffer(st, len(st.bufs)))
-        if write.copy_from is not None:
-            started = time.perf_counter()
-            self.xp.copyto(st.bufs[write.target], st.bufs[write.copy_from])
-            st.copy_cost = time.perf_counter() - started
-        return st.bufs[write.target]
-
-    def give_sends(self, st: BlockState, seconds: float) -> None:
-        """Let the sends reading the current version complete, for at most ``seconds``; not
-        when a learner computes on it (shm zero-copy: that takes a whole minibatch)."""
-        self.collect(st)
-        current = st.pool.current
-        if st.pool.readers(current) == 0 or any(
-            st.pool.pins.get(t) == current for t in st.readers.values()
-        ):
-            return
-        deadline = time.perf_counter() + seconds
-
-        def done() -> bool:
-            self.collect(st)
-            return st.pool.readers(current) == 0 or time.perf_counter() >= deadline
-
-        self.waiter.until(done, lambda: f"weight sends of block {st.block.index} (bounded)")
-
-    def version_buffer(self, st: BlockState, version: int) -> Any:
-        """A new buffer for version ``version`` of the block (in the window with shm)."""
+    def version_buffer(self, b: Block, w: Any, version: int) -> Any:
+        """A new buffer for version ``version`` of block ``b`` (in the window with shm)."""
         if self.shm is not None:
-            return self.shm.weights(self.ctx.rank, st.block, version)
-        return self.xp.empty_like(st.arith.w)
-
-    def collect(self, st: BlockState) -> bool:
-        """Release the versions read by sends that have completed; True if any did."""
-        done = [(r, t) for r, t in st.inflight if r.Test()]
-        for item in done:
-            st.inflight.remove(item)
-            st.pool.release(item[1])
-        return bool(done)
+            return self.shm.weights(self.ctx.rank, b, version)
+        return self.xp.empty_like(w)
 
     def released(self) -> bool:
         """Whether a pull held for lack of a version may go now (polled while idle)."""
         for st in self.blocks.values():
             if st.starved:
-                self.collect(st)
-                if st.pool.may_pin():
+                st.versions.collect()
+                if st.versions.pool.may_pin():
                     return True
         return False
 
     def answer_starved(self) -> None:
         for st in self.blocks.values():
-            if st.starved and st.pool.may_pin():
+            if st.starved and st.versions.pool.may_pin():
                 starved, st.starved = st.starved, []
                 for h in starved:
                     self.answer(h)
-
-    def can_pin(self, st: BlockState) -> bool:
-        return st.pool.may_pin() or (self.collect(st) and st.pool.may_pin())
 
     def after_update(self, st: BlockState) -> None:
         """Tests at epoch ends (``pserver.epochs``), then the held pulls."""
         for epoch in st.arith.epoch_ends().tested:
             self.send_snapshot(st, epoch)
-        if st.queued:
-            self.advance_snapshots(st)
+        if st.snaps.queued:
+            st.snaps.advance()
         self.answer_waiting(st)
 
     def answer_waiting(self, st: BlockState) -> None:
@@ -367,48 +291,43 @@ class ServerShard:
         elif answer is not Reply.WEIGHTS:
             self.reply(h.sender, st, answer)
         else:
-            if self.staged and st.staged_ts != a.ts:
+            v = st.versions
+            if self.staged and v.staged_ts != a.ts:
                 self.stage(st)  # once per update, however many learners pull it
-            if not self.can_pin(st):
+            if not v.can_pin():
                 st.starved.append(h)
             elif reads:  # not written until its next push
-                if h.sender in st.readers:  # cannot happen (a push comes between): no leak
-                    st.pool.release(st.readers.pop(h.sender))
-                st.readers[h.sender] = st.pool.pin()
+                v.pin_reader(h.sender)
                 current = a.ts == h.timestamp
                 if not current:
                     self.shm.sync()  # our update is visible before the reply that announces it
                     self.bytes_out += a.w.nbytes
                 kind = Reply.CURRENT if current else Reply.WEIGHTS
-                self.reply(h.sender, st, kind, st.pool.current)
+                self.reply(h.sender, st, kind, v.pool.current)
             else:
                 self.send_weights(h.sender, st)
 
     def send_weights(self, dest: int, st: BlockState) -> None:
         """Reply with the current version; the send (or the window copy's acknowledgement)
         pins that version until it completes."""
-        b = st.block.index
+        b, v = st.block.index, st.versions
         if dest in self.window_peers:  # the learner copies the version out, then acknowledges
             self.shm.sync()
-            self.reply(dest, st, Reply.WEIGHTS, st.pool.current)
+            self.reply(dest, st, Reply.WEIGHTS, v.pool.current)
             req = self.ch.ack.Irecv(self.ack, dest, b)
         else:
             self.reply(dest, st, Reply.WEIGHTS)
-            if not self.staged and st.staged_ts != st.arith.ts:  # MPI must not read a busy device
+            if not self.staged and v.staged_ts != st.arith.ts:  # MPI must not read a busy device
                 self.ctx.backend.synchronize()
-                st.staged_ts = st.arith.ts
-            req = self.ch.bulk.Isend(st.bufs[st.pool.current], dest, b)
-        st.inflight.append((req, st.pool.pin()))
+                v.staged_ts = st.arith.ts
+            req = self.ch.bulk.Isend(v.current, dest, b)
+        v.pin_send(req)
         self.bytes_out += st.arith.w.nbytes
 
     def stage(self, st: BlockState) -> None:
-        """Copy ``w`` to a staged host version no send reads (never waits, see new_version)."""
-        self.collect(st)
-        write = st.pool.write(copy=False)
-        buf = self.payloads.outgoing_version(st.block.index, write.target, st.arith.serve())
-        if write.target == len(st.bufs):
-            st.bufs.append(buf)
-        st.staged_ts = st.arith.ts
+        """Copy the served model to a staged host version no send reads (never waits)."""
+        b, a = st.block.index, st.arith
+        st.versions.stage(lambda v: self.payloads.outgoing_version(b, v, a.serve()), a.ts)
 
     def reply(self, dest: int, st: BlockState, kind: Reply, version: int = 0) -> None:
         aux = reply_aux(kind, version)
@@ -453,69 +372,12 @@ class ServerShard:
         self.records.add_clock(d.vector_clock)
 
     def send_snapshot(self, st: BlockState, epoch: int) -> None:
-        """Copy the block for the test at an epoch end; the sends overlap later updates.
-
-        Never waits for the statistics server: while the previous snapshot of the block is
-        still on its way, this one waits in a queue of ``snapshot_queue()`` host copies; with
-        the queue full, this epoch's snapshot is skipped (counted here, and the statistics
-        server records the untested epoch). The final snapshot is never skipped: ``finish``
-        sends it after the others, as the block no longer changes once training is over.
-        Host memory: at most 64 MiB of queued copies per shard (or one copy of a larger
-        shard), plus the snapshot in flight.
-        """
+        """The test at an epoch end (``Snapshots``: never waits for the statistics server)."""
         self.records.send()  # the progress line at this epoch then shows current staleness
-        self.advance_snapshots(st)
-        if not st.snapshot_reqs:
-            self.ctx.backend.copy_to_host(st.arith.w, st.snapshot)
-            self.post_snapshot(st, epoch, st.arith.ts, st.snapshot)
-        elif epoch >= self.cfg.run.epochs:
-            st.final_epoch = epoch
-        elif len(st.queued) < self.snapshot_depth:
-            buf = st.spare.pop() if st.spare else np.empty_like(st.snapshot)
-            self.ctx.backend.copy_to_host(st.arith.w, buf)
-            st.queued.append((epoch, st.arith.ts, buf))
-        else:
-            st.skipped_snapshots += 1
-
-    def advance_snapshots(self, st: BlockState) -> None:
-        """Post the next queued snapshot once the one in flight has arrived (never waits)."""
-        if st.snapshot_reqs and MPI.Request.Testall(st.snapshot_reqs):
-            st.snapshot_reqs = []
-        if st.queued and not st.snapshot_reqs:
-            st.spare.append(st.snapshot)
-            epoch, ts, buf = st.queued.pop(0)
-            self.post_snapshot(st, epoch, ts, buf)
-
-    def post_snapshot(self, st: BlockState, epoch: int, ts: int, buf: Any) -> None:
-        if st.snapshot_hdr is None:
-            st.snapshot_hdr = header_buffer()[0]
-        Header(Tag.MODEL, st.block.index, ts, self.ctx.rank, epoch).pack(st.snapshot_hdr)
-        stats = self.ctx.layout.stats
-        # synchronous: "in flight" means not yet matched, so the queue bounds what MPI holds
-        # for the statistics server too (see pserver.comm.records on MPICH's eager cells)
-        st.snapshot, st.snapshot_reqs = buf, [
-            self.ch.stats.Issend(st.snapshot_hdr, stats, Tag.MODEL),
-            self.ch.stats.Issend(buf, stats, Tag.MODEL),
-        ]
-
-    def drain_snapshots(self, st: BlockState) -> None:
-        """End of the run: every queued snapshot, then the final one (waiting is fine now)."""
-        what = "the statistics server to take a model snapshot"
-        while st.queued:
-            self.waiter.waitall(st.snapshot_reqs, what)
-            self.advance_snapshots(st)
-        if st.final_epoch:
-            self.waiter.waitall(st.snapshot_reqs, what)
-            self.ctx.backend.copy_to_host(st.arith.w, st.snapshot)
-            self.post_snapshot(st, st.final_epoch, st.arith.ts, st.snapshot)
-        self.waitall(st.snapshot_reqs, what)
-
-    def waitall(self, reqs: list[MPI.Request], what: str) -> None:
-        self.waiter.waitall(reqs, what)
-        reqs.clear()
+        st.snaps.send(st.arith.w, epoch, st.arith.ts)
 
     def finish(self) -> None:
-        pools = [st.pool for st in self.blocks.values()]
+        pools = [st.versions.pool for st in self.blocks.values()]
         self.ctx.log.info(
             "pulls served from at most %d version(s) of a block (bound %d); %d of %d writes "
             "copied a version still being sent",
@@ -523,9 +385,8 @@ class ServerShard:
             sum(p.copies for p in pools), sum(p.writes for p in pools),
         )  # fmt: skip
         for st in self.blocks.values():
-            self.waitall([r for r, _ in st.inflight], "weight sends to drain")
-            st.inflight.clear()
-            self.drain_snapshots(st)
+            st.versions.drain(self.waiter)
+            st.snaps.drain(st.arith.w, st.arith.ts, self.waiter)
         self.records.add(
             "servers",
             shard=self.shard,
@@ -534,7 +395,7 @@ class ServerShard:
             wait_time=self.waiter.waited,
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
-            skipped_snapshots=sum(st.skipped_snapshots for st in self.blocks.values()),
+            skipped_snapshots=sum(st.snaps.skipped for st in self.blocks.values()),
             **self.records.usage(),
         )
         for st in self.blocks.values():
