@@ -25,9 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pserver.config import OptimConfig
+from pserver.config import Config, OptimConfig
 from pserver.epochs import EpochCounter, EpochEnds
-from pserver.optim import scheduled_lr
+from pserver.optim import make_updater, scheduled_lr
+from pserver.protocols import make_protocol
 from pserver.protocols.base import Arrival, GradientDecision, Protocol, UpdateDecision
 
 
@@ -71,6 +72,18 @@ class ShardBlock:
         self.dropped = 0  # gradients the protocol refused
         self.in_round = 0  # gradients accumulated this round
         self.done = False
+
+    @classmethod
+    def build(cls, w: Any, cfg: Config, n_learners: int, train_size: int, xp: Any) -> ShardBlock:
+        """The block of weights ``w`` under ``cfg``'s protocol, update rule and epochs."""
+        return cls(
+            w,
+            make_protocol(cfg, n_learners),
+            make_updater(cfg.optim, w.size, xp, w.dtype),
+            cfg.optim,
+            EpochCounter.from_config(cfg, train_size),
+            xp,
+        )
 
     def inbox(self) -> Any:
         """The buffer to receive the next gradient in, after moving a held one out of it."""

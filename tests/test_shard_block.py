@@ -4,6 +4,8 @@ per-gradient rates, drops and rounds of every protocol, the zero-copy hold, vers
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -219,3 +221,14 @@ def test_serve_gives_w_or_a_copy():
     assert b.serve() is b.w
     out = np.empty_like(b.w)
     assert b.serve(out) is out and np.array_equal(out, b.w)
+
+
+def test_the_shard_arithmetic_is_pure():
+    """The block, the epoch counter and the pull rule load neither MPI nor a role or comm module."""
+    code = (
+        "import sys, pserver.shard_block, pserver.epochs, pserver.protocols.pull\n"
+        "bad = [m for m in sys.modules if m == 'mpi4py' or m.startswith(('pserver.roles', "
+        "'pserver.comm'))]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

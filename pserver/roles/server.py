@@ -9,8 +9,6 @@ snapshots for the statistics server in ``snapshots``.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,11 +20,10 @@ from pserver.comm.payload import Payloads
 from pserver.comm.waiting import Waiter
 from pserver.config import inject_plan
 from pserver.context import Context
-from pserver.epochs import EpochCounter
-from pserver.optim import make_updater
-from pserver.protocols import UpdateDecision, make_protocol
 from pserver.protocols.pull import pull_answer
-from pserver.roles.shard_versions import ServedVersions
+from pserver.roles.shard_inject import ShardInjection
+from pserver.roles.shard_rows import ShardRows
+from pserver.roles.shard_versions import ServedVersions, summary
 from pserver.roles.snapshots import SNAPSHOT_QUEUE_MAX, Snapshots, snapshot_queue
 from pserver.shard_block import ShardBlock
 from pserver.topology import Block
@@ -42,6 +39,7 @@ from pserver.wire import (
 )
 
 __all__ = ["SNAPSHOT_QUEUE_MAX", "BlockState", "ServerShard", "snapshot_queue"]
+
 
 @dataclass
 class BlockState:
@@ -79,13 +77,10 @@ class ServerShard:
         self.snapshot_depth = snapshot_queue(sum(b.size for b in mine) * itemsize)
         self.blocks = {b.index: self.make_state(b, weights) for b in mine}
         self.handlers = {Tag.PUSH: self.on_push, Tag.PULL: self.on_pull, Tag.BYE: self.on_bye}
-        self.first_block = min(self.blocks)
+        self.rows = ShardRows(self.records, self.shard, min(self.blocks), ctx.now)
         self.dropped_after_stop = 0
         self.bytes_in = self.bytes_out = 0
-        self.plan = inject_plan(self.cfg)
-        self.pulls = dict.fromkeys(self.live, 0)  # pull requests per peer (delay draws)
-        self.delayed: list[tuple[float, int, Header]] = []  # heap of replies held back
-        self.sequence = itertools.count()
+        self.inject = ShardInjection(inject_plan(self.cfg), self.shard, self.live)
 
     def make_state(self, b: Block, weights: Any) -> BlockState:
         xp, dtype = self.xp, weights.dtype
@@ -93,14 +88,8 @@ class ServerShard:
         if self.shm is not None:  # the weights live in the node's window, where learners read
             w = self.shm.weights(self.ctx.rank, b)
             w[...] = weights[b.start : b.stop]
-        arith = ShardBlock(
-            w,
-            make_protocol(self.cfg, len(self.ctx.layout.learners)),
-            make_updater(self.cfg.optim, b.size, xp, dtype),
-            self.cfg.optim,
-            EpochCounter.from_config(self.cfg, self.ctx.train_size),
-            xp,
-        )
+        n = len(self.ctx.layout.learners)
+        arith = ShardBlock.build(w, self.cfg, n, self.ctx.train_size, xp)
         bufs = [] if self.staged else [w]
         buffer = lambda v: self.version_buffer(b, w, v)  # noqa: E731
         versions = ServedVersions(b.index, self.version_limit(), bufs, buffer, xp)
@@ -132,7 +121,7 @@ class ServerShard:
                     raise WireError(f"server got unexpected {header} from rank {header.sender}")
                 started = time.perf_counter()
                 handler(header)
-                self.slow_down(time.perf_counter() - started)
+                self.inject.slow_down(time.perf_counter() - started)
             self.on_time()
             self.answer_starved()
             self.records.maybe_send()
@@ -141,24 +130,17 @@ class ServerShard:
 
     def next_due(self) -> float | None:
         """The earliest protocol timeout (PSP's τ1) or injected delayed reply."""
-        dues = [d for st in self.blocks.values() if (d := st.arith.protocol.deadline()) is not None]
-        if self.delayed:
-            dues.append(self.delayed[0][0])
-        return min(dues, default=None)
+        dues = [st.arith.protocol.deadline() for st in self.blocks.values()]
+        dues.append(self.inject.due())
+        return min((d for d in dues if d is not None), default=None)
 
     def on_time(self) -> None:
         now = self.ctx.now()
         for st in self.blocks.values():
             if st.arith.protocol.deadline() is not None and st.arith.ready(now):
                 self.update(st)
-        while self.delayed and self.delayed[0][0] <= now:
-            self.answer(heapq.heappop(self.delayed)[2])
-
-    def slow_down(self, elapsed: float) -> None:
-        """Injected straggler shard: stretch the handling time by ``inject.server_factor``."""
-        factor = self.plan.server_slowdown(self.shard)
-        if factor > 1.0:
-            time.sleep((factor - 1.0) * elapsed)
+        for h in self.inject.released(now):
+            self.answer(h)
 
     # -- pushes ------------------------------------------------------------------------------
 
@@ -196,7 +178,7 @@ class ServerShard:
             return
         for (learner, sent_ts, _), d in zip(entries, taken.decisions, strict=True):
             update = ts + 1 if taken.accepted else -1
-            self.record_gradient(st, learner, sent_ts, d.staleness, update)
+            self.rows.gradient(st.block.index, learner, sent_ts, d.staleness, update)
         if st.arith.ready(now):
             self.update(st)
         elif not taken.accepted and st.arith.epochs.counts_drops:
@@ -216,7 +198,7 @@ class ServerShard:
         # sends read w itself: never under them (copy-on-write)
         into = None if self.staged else st.versions.new_version(self.waiter, st.arith.w.nbytes)
         applied = st.arith.apply(decision, into)
-        self.record_update(st, applied.decision, applied.lr)
+        self.rows.update(st.block.index, applied.decision, applied.lr)
         self.after_update(st)
 
     def version_buffer(self, b: Block, w: Any, version: int) -> Any:
@@ -258,18 +240,11 @@ class ServerShard:
 
     def on_pull(self, h: Header) -> None:
         learner = self.ctx.layout.index(h.sender)
-        request = self.pulls[h.sender]
-        self.pulls[h.sender] += 1
-        delay = self.plan.pull_delay_for(self.shard, learner, request)
+        request, delay = self.inject.delay(h, learner, self.ctx.now())
         if delay > 0.0:  # a rare, large delay of this reply only (PSP-SGD §4.2)
-            due = self.ctx.now() + delay
-            heapq.heappush(self.delayed, (due, next(self.sequence), h))
-            self.records.add(
-                "delays", shard=self.shard, learner=learner, block=h.block, request=request,
-                time=self.ctx.now(), delay=delay,
-            )
-            return
-        self.answer(h)
+            self.rows.delay(learner, h.block, request, delay)
+        else:
+            self.answer(h)
 
     def answer(self, h: Header) -> None:
         """Rudra's timestamp inquiry: weights go out only when newer than the learner's copy.
@@ -291,21 +266,25 @@ class ServerShard:
         elif answer is not Reply.WEIGHTS:
             self.reply(h.sender, st, answer)
         else:
-            v = st.versions
-            if self.staged and v.staged_ts != a.ts:
+            if self.staged and st.versions.staged_ts != a.ts:
                 self.stage(st)  # once per update, however many learners pull it
-            if not v.can_pin():
+            if not st.versions.can_pin():
                 st.starved.append(h)
-            elif reads:  # not written until its next push
-                v.pin_reader(h.sender)
-                current = a.ts == h.timestamp
-                if not current:
-                    self.shm.sync()  # our update is visible before the reply that announces it
-                    self.bytes_out += a.w.nbytes
-                kind = Reply.CURRENT if current else Reply.WEIGHTS
-                self.reply(h.sender, st, kind, v.pool.current)
+            elif reads:
+                self.lend(h, st)
             else:
                 self.send_weights(h.sender, st)
+
+    def lend(self, h: Header, st: BlockState) -> None:
+        """Shared-window zero copy: the learner computes on the current version in place, which
+        stays pinned (not written) until its next push."""
+        v, a = st.versions, st.arith
+        v.pin_reader(h.sender)
+        current = a.ts == h.timestamp
+        if not current:
+            self.shm.sync()  # our update is visible before the reply that announces it
+            self.bytes_out += a.w.nbytes
+        self.reply(h.sender, st, Reply.CURRENT if current else Reply.WEIGHTS, v.pool.current)
 
     def send_weights(self, dest: int, st: BlockState) -> None:
         """Reply with the current version; the send (or the window copy's acknowledgement)
@@ -340,36 +319,7 @@ class ServerShard:
             st.arith.protocol.retire(self.ctx.layout.index(h.sender))
             self.answer_waiting(st)
 
-    # -- statistics --------------------------------------------------------------------------
-
-    def record_gradient(
-        self, st: BlockState, learner: int, ts: int, sigma: int, update: int
-    ) -> None:
-        if st.block.index != self.first_block:
-            return  # every block of a shard sees the same pushes in the same order
-        self.records.add(
-            "gradients",
-            shard=self.shard,
-            learner=learner,
-            timestamp=ts,
-            staleness=sigma,
-            update=update,
-            time=self.ctx.now(),
-        )
-
-    def record_update(self, st: BlockState, d: UpdateDecision, lr: float) -> None:
-        if st.block.index != self.first_block:
-            return  # blocks of a shard update together; one row per shard keeps the dump lean
-        self.records.add(
-            "updates",
-            shard=self.shard,
-            timestamp=d.new_timestamp,
-            time=self.ctx.now(),
-            n_gradients=len(d.vector_clock),
-            mean_staleness=d.mean_staleness,
-            lr=lr,
-        )
-        self.records.add_clock(d.vector_clock)
+    # -- end -----------------------------------------------------------------------------------
 
     def send_snapshot(self, st: BlockState, epoch: int) -> None:
         """The test at an epoch end (``Snapshots``: never waits for the statistics server)."""
@@ -377,32 +327,18 @@ class ServerShard:
         st.snaps.send(st.arith.w, epoch, st.arith.ts)
 
     def finish(self) -> None:
-        pools = [st.versions.pool for st in self.blocks.values()]
-        self.ctx.log.info(
-            "pulls served from at most %d version(s) of a block (bound %d); %d of %d writes "
-            "copied a version still being sent",
-            max(p.high_water for p in pools), pools[0].limit,
-            sum(p.copies for p in pools), sum(p.writes for p in pools),
-        )  # fmt: skip
+        self.ctx.log.info(summary([st.versions.pool for st in self.blocks.values()]))
         for st in self.blocks.values():
             st.versions.drain(self.waiter)
             st.snaps.drain(st.arith.w, st.arith.ts, self.waiter)
-        self.records.add(
-            "servers",
-            shard=self.shard,
-            updates=max(s.arith.ts for s in self.blocks.values()),
+        self.rows.end(
+            [(st.block.index, st.block.size, st.arith) for st in self.blocks.values()],
             dropped_after_stop=self.dropped_after_stop,
             wait_time=self.waiter.waited,
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
             skipped_snapshots=sum(st.snaps.skipped for st in self.blocks.values()),
-            **self.records.usage(),
         )
-        for st in self.blocks.values():
-            self.records.add(
-                "blocks", block=st.block.index, shard=self.shard, timestamp=st.arith.ts,
-                applied=st.arith.applied, dropped=st.arith.dropped, size=st.block.size,
-            )
         self.records.close(self.waiter)
         hdr = Header(Tag.SERVER_BYE, -1, -1, self.ctx.rank).pack(self.out[0])
         self.records.bye(hdr, Tag.SERVER_BYE, self.waiter)

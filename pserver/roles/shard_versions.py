@@ -114,3 +114,12 @@ class ServedVersions:
     def drain(self, waiter: Waiter) -> None:
         waiter.waitall([r for r, _ in self.inflight], "weight sends to drain")
         self.inflight.clear()
+
+
+def summary(pools: list[VersionPool]) -> str:
+    """The log line on a shard's versions at the end of a run."""
+    return (
+        f"pulls served from at most {max(p.high_water for p in pools)} version(s) of a block "
+        f"(bound {pools[0].limit}); {sum(p.copies for p in pools)} of "
+        f"{sum(p.writes for p in pools)} writes copied a version still being sent"
+    )
