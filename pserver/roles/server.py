@@ -4,13 +4,12 @@ The loop receives headers in arrival order on the control communicator and dispa
 through a handler table. This file keeps requests, held pulls and bookkeeping; each block's
 arithmetic, protocol round and epoch count live in ``pserver.shard_block`` (pure), the answer to
 a pull in ``pserver.protocols.pull``, the versions pulls read in ``shard_versions`` and the
-snapshots for the statistics server in ``snapshots``.
+snapshots for the statistics server in ``snapshots``, how blocks are built in ``shard_state``.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,10 +22,9 @@ from pserver.context import Context
 from pserver.protocols.pull import pull_answer
 from pserver.roles.shard_inject import ShardInjection
 from pserver.roles.shard_rows import ShardRows
-from pserver.roles.shard_versions import ServedVersions, summary
-from pserver.roles.snapshots import SNAPSHOT_QUEUE_MAX, Snapshots, snapshot_queue
-from pserver.shard_block import ShardBlock
-from pserver.topology import Block
+from pserver.roles.shard_state import BlockBuilder, BlockState
+from pserver.roles.shard_versions import summary
+from pserver.roles.snapshots import SNAPSHOT_QUEUE_MAX, snapshot_queue
 from pserver.wire import (
     Header,
     Reply,
@@ -39,19 +37,6 @@ from pserver.wire import (
 )
 
 __all__ = ["SNAPSHOT_QUEUE_MAX", "BlockState", "ServerShard", "snapshot_queue"]
-
-
-@dataclass
-class BlockState:
-    """One block at the shard: its arithmetic (``pserver.shard_block``), the versions pulls
-    read and the sends reading them, its snapshots, and the pulls it holds."""
-
-    block: Block
-    arith: ShardBlock
-    versions: ServedVersions
-    snaps: Snapshots
-    waiting_pulls: list[Header] = field(default_factory=list)  # held by the pull rule
-    starved: list[Header] = field(default_factory=list)  # pulls held until a version is free
 
 
 class ServerShard:
@@ -73,35 +58,13 @@ class ServerShard:
         self.payloads = Payloads(ctx.backend, mine, weights.dtype, self.cfg.comm.staging)
         # with host staging MPI reads staged copies, which are versioned; else w itself is
         self.staged = self.payloads.staged and self.shm is None
-        itemsize = np.dtype(weights.dtype).itemsize
-        self.snapshot_depth = snapshot_queue(sum(b.size for b in mine) * itemsize)
-        self.blocks = {b.index: self.make_state(b, weights) for b in mine}
+        build = BlockBuilder(ctx, self.shm, self.staged, len(self.live))
+        self.blocks = build.blocks(mine, weights)
         self.handlers = {Tag.PUSH: self.on_push, Tag.PULL: self.on_pull, Tag.BYE: self.on_bye}
         self.rows = ShardRows(self.records, self.shard, min(self.blocks), ctx.now)
         self.dropped_after_stop = 0
         self.bytes_in = self.bytes_out = 0
         self.inject = ShardInjection(inject_plan(self.cfg), self.shard, self.live)
-
-    def make_state(self, b: Block, weights: Any) -> BlockState:
-        xp, dtype = self.xp, weights.dtype
-        w = xp.array(weights[b.start : b.stop], dtype=dtype)
-        if self.shm is not None:  # the weights live in the node's window, where learners read
-            w = self.shm.weights(self.ctx.rank, b)
-            w[...] = weights[b.start : b.stop]
-        n = len(self.ctx.layout.learners)
-        arith = ShardBlock.build(w, self.cfg, n, self.ctx.train_size, xp)
-        bufs = [] if self.staged else [w]
-        buffer = lambda v: self.version_buffer(b, w, v)  # noqa: E731
-        versions = ServedVersions(b.index, self.version_limit(), bufs, buffer, xp)
-        snaps = Snapshots(self.ctx, b.index, b.size, dtype, self.snapshot_depth)
-        return BlockState(b, arith, versions, snaps)
-
-    def version_limit(self) -> int:
-        """Buffers per block (``comm.versions``; 0: one per reader plus the current one, so a
-        pull is never held for lack of a version). The shared window holds its versions."""
-        if self.shm is not None:
-            return self.shm.versions[self.ctx.rank]
-        return self.cfg.comm.versions or 1 + len(self.live)
 
     def run(self) -> None:
         self.ctx.log.info(
@@ -200,12 +163,6 @@ class ServerShard:
         applied = st.arith.apply(decision, into)
         self.rows.update(st.block.index, applied.decision, applied.lr)
         self.after_update(st)
-
-    def version_buffer(self, b: Block, w: Any, version: int) -> Any:
-        """A new buffer for version ``version`` of block ``b`` (in the window with shm)."""
-        if self.shm is not None:
-            return self.shm.weights(self.ctx.rank, b, version)
-        return self.xp.empty_like(w)
 
     def released(self) -> bool:
         """Whether a pull held for lack of a version may go now (polled while idle)."""
