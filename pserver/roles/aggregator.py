@@ -22,6 +22,7 @@ from mpi4py import MPI
 from pserver.comm.inbox import Inbox
 from pserver.comm.payload import Payloads
 from pserver.context import Context
+from pserver.protocols.pull import pull_answer
 from pserver.topology import Block
 from pserver.versions import VersionPool
 from pserver.wire import Header, Reply, Tag, WireError, header_buffer, reply_tag
@@ -157,12 +158,11 @@ class Aggregator:
 
     def on_pull(self, h: Header) -> None:
         r = self.relays[h.block]
-        if r.stopped:
-            self.reply(h.sender, r, Reply.STOP)
-        elif r.ts < max(h.aux, 0):
+        answer = pull_answer(stopped=r.stopped, ts=r.ts, holds=h.timestamp, accepts=h.aux)
+        if answer is None:
             r.waiting.append(h)
-        elif r.ts == h.timestamp:
-            self.reply(h.sender, r, Reply.CURRENT)
+        elif answer is not Reply.WEIGHTS:
+            self.reply(h.sender, r, answer)
         elif not (r.pool.may_pin() or (self.collect(r) and r.pool.may_pin())):
             r.starved.append(h)  # only this pull waits for a version to be released
         else:

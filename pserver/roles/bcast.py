@@ -13,6 +13,7 @@ from mpi4py import MPI
 
 from pserver.comm.payload import Payloads
 from pserver.context import Context
+from pserver.protocols.pull import pull_answer
 from pserver.roles.pslink import PSLink
 from pserver.topology import Block
 from pserver.versions import VersionPool
@@ -70,12 +71,13 @@ class Children:
         link = self.link
         b = link.by_index[h.block]
         ts = link.have[b.index]
-        if b.index in link.stopped:
-            self.reply(h.sender, b, ts, Reply.STOP)
-        elif ts < max(h.aux, 0):
+        answer = pull_answer(
+            stopped=b.index in link.stopped, ts=ts, holds=h.timestamp, accepts=h.aux
+        )
+        if answer is None:
             self.waiting.append(h)
-        elif ts == h.timestamp:
-            self.reply(h.sender, b, ts, Reply.CURRENT)
+        elif answer is not Reply.WEIGHTS:
+            self.reply(h.sender, b, ts, answer)
         elif not (self.pool.may_pin() or (self.collect() and self.pool.may_pin())):
             self.starved.append(h)  # only this pull waits for a version to be released
         else:

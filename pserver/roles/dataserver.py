@@ -2,6 +2,10 @@
 
 A single ``BatchSampler`` serves every learner in request order, so with one learner the
 sequence of minibatches is exactly that of a serial run with the same seed.
+
+In the parameter-server families the shards decide when training is over (``pserver.epochs``);
+a learners-only run has no shard, so the data server, which counts every minibatch, decides
+(``run_over``) and a learners-only strategy answers the requests after the last one with a stop.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import numpy as np
 
 from pserver.comm.inbox import Inbox
 from pserver.context import Context
+from pserver.epochs import EpochCounter
 from pserver.wire import Tag, WireError
 
 
@@ -27,6 +32,7 @@ class DataServer:
         self.ybuf = np.empty(batch, dtype=np.int64)
         self.live = set(ctx.layout.learners)
         self.served = 0
+        self.epochs = EpochCounter.from_config(ctx.cfg, ctx.train_size)
 
     def run(self) -> None:
         inbox = Inbox(self.comm, self.waiter, self.ctx.peers)
@@ -51,3 +57,7 @@ class DataServer:
         ]
         self.waiter.waitall(reqs, f"minibatch delivery to rank {dest}")
         self.served += 1
+
+    def run_over(self) -> bool:
+        """Whether the minibatches served so far complete ``run.epochs`` (learners-only runs)."""
+        return self.epochs.last_minibatch(self.served)

@@ -1,0 +1,59 @@
+"""The dump rows a shard writes (``docs/stats.md``): ``gradients``, ``updates``, ``delays``,
+and at the end ``servers`` and ``blocks``.
+
+Every block of a shard sees the same pushes in the same order and updates with the others, so
+the per-gradient and per-update rows come from the shard's first block alone: one row per shard
+keeps the dump lean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from pserver.comm.records import RecordBuffer
+from pserver.protocols.base import UpdateDecision
+from pserver.shard_block import ShardBlock
+
+
+class ShardRows:
+    def __init__(
+        self, records: RecordBuffer, shard: int, first_block: int, now: Callable[[], float]
+    ) -> None:
+        self.records, self.shard, self.first_block, self.now = records, shard, first_block, now
+
+    def gradient(self, block: int, learner: int, ts: int, sigma: int, update: int) -> None:
+        """One gradient's fate: ``update`` is the timestamp it entered, -1 if dropped."""
+        if block == self.first_block:
+            self.records.add(
+                "gradients", shard=self.shard, learner=learner, timestamp=ts, staleness=sigma,
+                update=update, time=self.now(),
+            )  # fmt: skip
+
+    def update(self, block: int, d: UpdateDecision, lr: float) -> None:
+        if block == self.first_block:
+            self.records.add(
+                "updates", shard=self.shard, timestamp=d.new_timestamp, time=self.now(),
+                n_gradients=len(d.vector_clock), mean_staleness=d.mean_staleness, lr=lr,
+            )  # fmt: skip
+            self.records.add_clock(d.vector_clock)
+
+    def delay(self, learner: int, block: int, request: int, delay: float) -> None:
+        """An injected delay of one pull's reply (``inject``)."""
+        self.records.add(
+            "delays", shard=self.shard, learner=learner, block=block, request=request,
+            time=self.now(), delay=delay,
+        )  # fmt: skip
+
+    def end(self, blocks: Iterable[tuple[int, int, ShardBlock]], **totals: Any) -> None:
+        """The ``servers`` row (``totals``) and one ``blocks`` row per (index, size, block)."""
+        blocks = list(blocks)
+        self.records.add(
+            "servers", shard=self.shard, updates=max(a.ts for _, _, a in blocks), **totals,
+            **self.records.usage(),
+        )  # fmt: skip
+        for index, size, a in blocks:
+            self.records.add(
+                "blocks", block=index, shard=self.shard, timestamp=a.ts, applied=a.applied,
+                dropped=a.dropped, size=size,
+            )  # fmt: skip
