@@ -49,6 +49,11 @@ PURE = (
     "pserver.launch",
     "pserver.stats.check",
     "pserver.stats.schema",
+    "pserver.strategies/",
+    "pserver.unused",
+    "pserver.shard_block",
+    "pserver.epochs",
+    "pserver.versions",
     "learners/",
 )
 IMPURE = ("mpi4py", "pserver.comm", "pserver.roles")
