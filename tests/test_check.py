@@ -96,6 +96,12 @@ def test_hardsync_with_a_stale_gradient_is_caught_but_async_may_have_one() -> No
 
     assert breach(stale_async) == []
 
+    def stale_partial(d: Dump) -> None:
+        stale(d)
+        d.attrs["config"]["protocol"]["pull_fraction"] = 0.5
+
+    assert breach(stale_partial) == []
+
 
 @pytest.mark.mpi
 def test_pserver_stats_check_passes_a_real_run_and_catches_a_tampered_one(tmp_path, capsys):
