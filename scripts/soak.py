@@ -4,7 +4,8 @@
 
 Each run draws a configuration from a seeded generator (protocol and its parameters, shards,
 blocks, comm engine, aggregator and broadcast trees, transport, partial pulling, pull delays,
-straggler learners and shards, emulated compute, model), asks pserver's own validation whether
+straggler learners and shards, a learner stopped mid-pull, weight versions, the overlap
+engines' in-flight bound, emulated compute, model), asks pserver's own validation whether
 it can run (a refused draw is drawn again, so the soak spends its time on runs), launches it
 under ``mpiexec`` with a hard timeout and checks the dump with ``pserver.stats.check``. The
 outcome of every run is one of:
@@ -70,6 +71,7 @@ def draw(rng: random.Random) -> dict[str, Any]:
         o["inject.pull_delay_prob"] = rng.choice([0.02, 0.05])
         o["inject.pull_delay"] = rng.choice([0.01, 0.05])
     o.update(_stragglers(rng, lam, o["cluster.servers"]))
+    o.update(_serving(rng, o))
     if rng.random() < 0.15:
         o.update({"model.kind": "null", "model.size_mib": rng.choice([0.05, 0.5])})
         o.pop("model.hidden")
@@ -100,6 +102,20 @@ def _stragglers(rng: random.Random, lam: int, servers: int) -> dict[str, Any]:
         o["inject.slow_server"] = rng.randrange(servers)
         o["inject.server_factor"] = rng.choice([2.0, 4.0])
     return o
+
+
+def _serving(rng: random.Random, o: dict[str, Any]) -> dict[str, Any]:
+    """Weight versions, the overlap engines' in-flight bound, a learner stopped mid-pull."""
+    out: dict[str, Any] = {}
+    if rng.random() < 0.2:
+        out["comm.versions"] = rng.choice([2, 3])
+    if (o["comm.mode"] != "blocking" and o["protocol.name"] in ("async", "softsync")
+            and rng.random() < 0.4):
+        out["comm.max_inflight"] = rng.choice([1, 2, 3])
+    if rng.random() < 0.15:
+        out.update({"inject.freeze_learner": 0, "inject.freeze_step": rng.randint(1, 5),
+                    "inject.freeze_time": rng.choice([0.2, 1.0])})
+    return out
 
 
 def as_args(overrides: dict[str, Any]) -> list[str]:
