@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import Launcher, add_launch_args, add_pserver_run_arg  # noqa: E402
+from benchlib import Launcher, bench_parser, parse, pserver_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "examples" / "quickstart.toml"
@@ -87,12 +87,8 @@ def run_one(launcher: Launcher, cmd: list[str], n: int, extra: list[str], out: P
 
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
-    import shlex
-
-    launcher = Launcher(
-        __file__, args.mpiexec, args.timeout, args.verbose, args.quiet_idle, args.quiet_wait
-    )
-    cmd, lam = shlex.split(args.pserver_run), args.learners
+    launcher = Launcher.from_args(__file__, args)
+    cmd, lam = pserver_run(args), args.learners
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_straggler_") as tmp:
         for proto in args.protocols:
@@ -158,7 +154,7 @@ def log(text: str) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = bench_parser(__doc__, repeats=1, timeout=300.0, quiet_idle=0.0)
     p.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=list(PROTOCOLS))
     p.add_argument(
         "--modes", nargs="+", default=["blocking", "nonblocking", "thread"],
@@ -170,14 +166,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--factor", type=float, default=100.0, help="the straggler's slow-down")
     p.add_argument("--ssp-s", type=int, default=None, help="protocol.s for SSP (default 3)")
     p.add_argument("--freeze", type=float, default=0.0, help="stop learner 0 this long instead")
-    p.add_argument("--repeats", type=int, default=1, help="runs per configuration (median)")
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides")
-    p.add_argument("--json", type=Path, help="also write the rows as JSON")
-    add_launch_args(p, timeout=300.0)
-    add_pserver_run_arg(p)
-    args = p.parse_args(argv)
-    if args.learners < 2 or args.repeats < 1:
-        p.error("--learners needs >= 2 and --repeats >= 1")
+    args = parse(p, argv)
+    if args.learners < 2:
+        p.error("--learners needs >= 2")
     return args
 
 
