@@ -18,7 +18,7 @@ from typing import Any
 import numpy
 
 from learners.contract import Model
-from learners.losses import cross_entropy
+from learners.losses import cross_entropy, evaluate_in_batches
 
 
 class MLP(Model):
@@ -92,18 +92,8 @@ class MLP(Model):
 
     def evaluate(self, w: Any, X: Any, y: Any, batch: int = 1024) -> tuple[float, float]:
         """Mean loss and error rate over a whole set, computed ``batch`` samples at a time."""
-        n = X.shape[0]
-        if n == 0:
-            raise ValueError("cannot evaluate on an empty set")
         params = self.views(w)
-        total_loss = total_err = 0.0
-        for a in range(0, n, batch):
-            logits = self.forward(params, X[a : a + batch])[-1]
-            loss, err, _ = cross_entropy(self.xp, logits, y[a : a + batch], want_grad=False)
-            m = logits.shape[0]
-            total_loss += loss * m
-            total_err += err * m
-        return total_loss / n, total_err / n
+        return evaluate_in_batches(self.xp, lambda Xb: self.forward(params, Xb)[-1], X, y, batch)
 
 
 class Softmax(MLP):
