@@ -28,6 +28,7 @@ pull arrives before the shard has seen its previous send complete.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -142,3 +143,14 @@ class VersionPool:
         """The write into ``buffer`` is complete: it becomes the current buffer."""
         self.reserved.discard(buffer)
         self.current = buffer
+
+
+def release_completed(sends: list[tuple[Any, int]], pool: VersionPool) -> bool:
+    """Drop the ``(request, ticket)`` pairs whose send has completed (``request.Test()``) from
+    ``sends`` and release their pins in ``pool``; True if any did. The one place a pinned
+    send's version goes back: shards, aggregators and relaying learners all call it."""
+    done = [(req, ticket) for req, ticket in sends if req.Test()]
+    for item in done:
+        sends.remove(item)
+        pool.release(item[1])
+    return bool(done)

@@ -61,12 +61,7 @@ assert np.allclose(w, -0.1)
 print(json.dumps([(i["filepath"], i["num_threads"]) for i in threadpool_info()
                   if i["user_api"] == "blas"]))
 """
-    env = {k: v for k, v in os.environ.items() if k not in THREAD_ENV}
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stderr
-    libs = json.loads(out.stdout)
+    libs = blas_libs_of(code)
     assert any("scipy" in path for path, _ in libs), libs  # SciPy's own BLAS was loaded
     assert all(n == 1 for _, n in libs), libs
 
@@ -91,11 +86,17 @@ assert "scipy.linalg.blas" in sys.modules
 print(json.dumps([(i["filepath"], i["num_threads"]) for i in threadpool_info()
                   if i["user_api"] == "blas"]))
 """
+    libs = blas_libs_of(code)
+    assert any("scipy" in path for path, _ in libs), libs
+    assert all(n == 1 for _, n in libs), libs
+
+
+def blas_libs_of(code: str) -> list[tuple[str, int]]:
+    """Run ``code`` in a fresh Python without the thread variables; the (library, threads)
+    pairs of BLAS it prints as JSON."""
     env = {k: v for k, v in os.environ.items() if k not in THREAD_ENV}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
-    libs = json.loads(out.stdout)
-    assert any("scipy" in path for path, _ in libs), libs
-    assert all(n == 1 for _, n in libs), libs
+    return json.loads(out.stdout)

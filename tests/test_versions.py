@@ -104,3 +104,22 @@ def test_random_schedules_never_write_a_read_buffer(limit, receives):
             assert pool.current == w.target
         assert pool.allocated <= limit
         assert set(readers.values()) <= set(range(pool.allocated))
+
+
+def test_release_completed_returns_only_the_versions_of_finished_sends():
+    from pserver.versions import VersionPool, release_completed
+
+    class Req:
+        def __init__(self, done: bool) -> None:
+            self.done = done
+
+        def Test(self) -> bool:  # noqa: N802 - mpi4py's name
+            return self.done
+
+    pool = VersionPool(3)
+    slow, fast = Req(False), Req(True)
+    sends = [(slow, pool.pin()), (fast, pool.pin())]
+    assert pool.readers(pool.current) == 2
+    assert release_completed(sends, pool) is True
+    assert sends == [sends[0]] and sends[0][0] is slow and pool.readers(pool.current) == 1
+    assert release_completed(sends, pool) is False

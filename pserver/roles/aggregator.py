@@ -24,7 +24,7 @@ from pserver.comm.payload import Payloads
 from pserver.context import Context
 from pserver.protocols.pull import pull_answer
 from pserver.topology import Block
-from pserver.versions import VersionPool
+from pserver.versions import VersionPool, release_completed
 from pserver.wire import Header, Reply, Tag, WireError, header_buffer, reply_tag
 
 
@@ -173,11 +173,7 @@ class Aggregator:
 
     def collect(self, r: Relay) -> bool:
         """Release the versions read by sends to children that completed; True if any did."""
-        done = [(q, t) for q, t in r.serving if q.Test()]
-        for item in done:
-            r.serving.remove(item)
-            r.pool.release(item[1])
-        return bool(done)
+        return release_completed(r.serving, r.pool)
 
     def released(self) -> bool:
         """Whether a pull held for lack of a version may go now (polled while idle)."""

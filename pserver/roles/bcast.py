@@ -16,7 +16,7 @@ from pserver.context import Context
 from pserver.protocols.pull import pull_answer
 from pserver.roles.pslink import PSLink
 from pserver.topology import Block
-from pserver.versions import VersionPool
+from pserver.versions import VersionPool, release_completed
 from pserver.wire import Header, Reply, Tag, WireError, header_buffer, reply_tag
 
 
@@ -89,11 +89,7 @@ class Children:
 
     def collect(self) -> bool:
         """Release the versions read by sends to children that completed; True if any did."""
-        done = [(r, t) for r, t in self.serving if r.Test()]
-        for item in done:
-            self.serving.remove(item)
-            self.pool.release(item[1])
-        return bool(done)
+        return release_completed(self.serving, self.pool)
 
     def reply(self, dest: int, b: Block, ts: int, kind: Reply) -> None:
         out = self.link.out[0]

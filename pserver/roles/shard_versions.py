@@ -15,7 +15,7 @@ from typing import Any
 from mpi4py import MPI
 
 from pserver.comm.waiting import Waiter
-from pserver.versions import VersionPool
+from pserver.versions import VersionPool, release_completed
 
 
 class ServedVersions:
@@ -38,11 +38,7 @@ class ServedVersions:
 
     def collect(self) -> bool:
         """Release the versions read by sends that have completed; True if any did."""
-        done = [(r, t) for r, t in self.inflight if r.Test()]
-        for item in done:
-            self.inflight.remove(item)
-            self.pool.release(item[1])
-        return bool(done)
+        return release_completed(self.inflight, self.pool)
 
     def can_pin(self) -> bool:
         return self.pool.may_pin() or (self.collect() and self.pool.may_pin())
