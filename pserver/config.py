@@ -59,7 +59,7 @@ class ProtocolConfig:
 
     name: str = "hardsync"
     n: int = 1  # softsync: update after floor(lambda / n) gradients
-    lr_policy: str = "auto"  # none | mean | per-gradient | nominal | auto (hardsync: none, softsync: mean)
+    lr_policy: str = "auto"  # none, mean, per-gradient, nominal; auto: none (hardsync), mean
     ref_batch: int = 0  # B of sqrt(lambda*mu/B) for hardsync; 0 means data.batch_size
     c: int = 0  # psp: gradients a block aggregates before it may update (0: all λ learners)
     tau1: float = 0.0  # psp: seconds a block waits for more gradients after the c-th
