@@ -25,6 +25,7 @@ NOISE_KEYS = frozenset(
         "run.log_level",
         "stats.progress",
         "stats.flush_interval",
+        "cluster.learners",  # 0 means "the ranks left": λ itself is n_learners
     }
 )
 #: how a label writes a key; other keys by their last component (the whole key if ambiguous)
