@@ -20,7 +20,7 @@ MAX_LEGEND_ENTRIES = 12  # beyond this a legend hides the plot (Rudra ran 30-54 
 TIME_LABEL = "wall time (s)"
 EPOCH_LABEL = "epoch (passes over the training set)"
 ERROR_LABEL = "test error (%)"
-LOSS_LABEL = "training loss (per sample, minibatch mean)"
+LOSS_LABEL = "training loss (minibatch mean)"
 
 
 def _empty(ax: Axes, what: str) -> None:
