@@ -21,6 +21,8 @@ from pserver.stats.runs import resolve_dump
 from pserver.stats.tables import differing_keys, flatten, labels, staleness_distribution
 from pserver.stats.writer import StatsWriter
 
+PER_SAMPLE = 0.002  # s of emulated compute per sample in the async run
+
 
 def config(name="hardsync", n=1, lr=0.05, out="runs/a"):
     return {
@@ -166,12 +168,13 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Three short real runs: hardsync λ = 2, 2-softsync λ = 4 with α0/n, async λ = 4."""
+    """Three short real runs: hardsync λ = 2, 2-softsync λ = 4 with α0/n, async λ = 4 with
+    compute emulated per sample (``inject.compute_per_sample``)."""
     root = tmp_path_factory.mktemp("runs")
     specs = {
         "hard": (5, ["protocol.name=hardsync"]),
         "soft": (7, ["protocol.name=softsync", "protocol.n=2", "protocol.lr_policy=nominal"]),
-        "async": (7, ["protocol.name=async"]),
+        "async": (7, ["protocol.name=async", f"inject.compute_per_sample={PER_SAMPLE}"]),
     }
     for name, (ranks, overrides) in specs.items():
         train(root / name, ranks, "run.epochs=2", *overrides, timeout=180)
@@ -187,9 +190,9 @@ def test_compare_real_runs(runs, tmp_path, capsys):
     assert out.stat().st_size > 10_000 and out.read_bytes()[:4] == b"\x89PNG"
     rows = list(csv.DictReader(table.open()))
     assert [r["label"] for r in rows] == [
-        "hardsync lr_policy=auto λ=2",
-        "softsync n=2 lr_policy=nominal λ=4",
-        "async lr_policy=auto λ=4",
+        "hardsync lr_policy=auto compute_per_sample=0 λ=2",
+        "softsync n=2 lr_policy=nominal compute_per_sample=0 λ=4",
+        "async lr_policy=auto compute_per_sample=0.002 λ=4",
     ]
     for row, name in zip(rows, ("hard", "soft", "async"), strict=True):
         dump = load_dump(runs / name / "stats.h5")
@@ -209,6 +212,15 @@ def test_nominal_lr_is_alpha0_over_n_in_a_real_run(runs):
     upd = load_dump(runs / "soft" / "stats.h5").group("updates")
     assert len(upd["lr"]) > 10 and np.all(upd["lr"] == 0.05 / 2)
     assert np.any(upd["mean_staleness"] != 1.0)  # measured ⟨σ⟩ varies; the rate does not
+
+
+@pytest.mark.mpi
+def test_compute_per_sample_stretches_every_minibatch(runs):
+    """μ = 16 samples × 2 ms: every minibatch of the async run computed at least 32 ms."""
+    for name, least in (("async", 16 * PER_SAMPLE), ("soft", 0.0)):
+        train = load_dump(runs / name / "stats.h5").group("train")
+        assert train["compute_time"].min() >= least
+    assert load_dump(runs / "soft" / "stats.h5").group("train")["compute_time"].min() < 0.032
 
 
 @pytest.mark.mpi
@@ -247,5 +259,8 @@ def test_frames_api_returns_dataframes(runs):
     assert f.staleness["count"].sum() == (dump.group("gradients")["update"] != -1).sum()
     assert read_frame(runs / "hard", "train")["loss"].notna().all()
     table = compare_frame([runs / "hard", runs / "async"])
-    assert table["label"].tolist() == ["hardsync λ=2", "async λ=4"]
+    assert table["label"].tolist() == [
+        "hardsync compute_per_sample=0 λ=2",
+        "async compute_per_sample=0.002 λ=4",
+    ]
     assert table["max_staleness"].iloc[0] == 0
