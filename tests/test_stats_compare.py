@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -264,3 +265,13 @@ def test_frames_api_returns_dataframes(runs):
         "async compute_per_sample=0.002 λ=4",
     ]
     assert table["max_staleness"].iloc[0] == 0
+
+
+def test_frames_without_pandas_say_how_to_install(tmp_path, monkeypatch):
+    from pserver.stats.frames import FramesError, read_frames
+
+    dump = hand_dump(tmp_path / "h.h5", config(), [0, 0])
+    monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas raises ImportError
+    with pytest.raises(FramesError, match=r"pip install -e '\.\[pandas\]'"):
+        read_frames(dump)
+    assert cli.main(["export", str(dump), "--csv", str(tmp_path / "csv")]) == 0  # no pandas

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pserver.errors import PserverError
 from pserver.stats.reader import Dump, summarize
 from pserver.stats.runs import load_run
+from pserver.stats.schema import GROUPS
 from pserver.stats.tables import comparison_rows, group_table, run_config, staleness_distribution
 
 if TYPE_CHECKING:
@@ -59,9 +60,9 @@ class Frames:
         frames = self.__dict__.get("frames", {})
         if name in frames:
             return frames[name]
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return pandas().DataFrame()  # a group the dump does not have: no rows
+        if name not in GROUPS:  # a typo is an error, not an empty table
+            raise AttributeError(f"no group {name!r} in a dump (docs/stats.md: {list(GROUPS)})")
+        return pandas().DataFrame()  # a group of the schema this dump does not have: no rows
 
 
 def group_frame(dump: Dump, name: str) -> pd.DataFrame:
