@@ -736,6 +736,15 @@ def table4(args: argparse.Namespace) -> tuple[list[Outcome], list[Claim]]:
     return outcomes, claims
 
 
+def compared(args: argparse.Namespace, outcomes: Sequence[Outcome]) -> list[Outcome]:
+    """The runs drawn by ``pserver-stats compare``: all of them, except for the sweep, whose
+    curves are those of Figs. 5-7's ends: the baselines (λ = 1) and the largest λ."""
+    if args.experiment != "sweep":
+        return list(outcomes)
+    top = max(args.lambdas)
+    return [o for o in outcomes if o.job.learners in (1, top)]
+
+
 # -- driver -----------------------------------------------------------------------------------
 
 RUNNERS: dict[str, Callable[[argparse.Namespace], tuple[list[Outcome], list[Claim]]]] = {
@@ -846,7 +855,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{os.getloadavg()[0]:.1f})"
     )
     outcomes, claims = RUNNERS[args.experiment](args)
-    compare(args, outcomes)
+    compare(args, compared(args, outcomes))
     print_claims(claims)
     report = args.out / "report.json"
     write_json(
