@@ -70,7 +70,7 @@ def test_quick_run_prints_claims_and_draws(tmp_path, experiment):
     cmd = [sys.executable, str(ROOT / "scripts" / "reproduce_rudra.py"), experiment, "--quick",
            "--out", str(tmp_path), "--timeout", "150"]  # fmt: skip
     res = launch.run(cmd, timeout=900, cwd=ROOT)
-    assert res.reason is None and res.returncode == 0, res.output[-4000:]
+    assert not res.reason and res.returncode == 0, res.output[-4000:]
     out = res.stdout
     assert "The paper's claims on these runs:" in out and "$ pserver-stats compare" in out
     assert "REPRODUCED]" in out  # at least one verdict, REPRODUCED or NOT REPRODUCED
