@@ -246,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", type=float, default=0.1, help="test error of the epoch column")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-ssgd", action="store_true", help="leave the hardsync runs out")
-    p.add_argument("--out", type=Path, default=ROOT / "results" / "ppasgd")
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "reproduce_ppasgd",
+                   help="folder of the figures and the runs (default %(default)s)")
     p.add_argument("--quick", action="store_true", help="S = 3 only, 3 epochs: a smoke run")
     args = parse(p, argv)
     if args.quick:
