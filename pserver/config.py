@@ -67,6 +67,10 @@ class ProtocolConfig:
     pull_fraction: float = 1.0  # partial pulling: start computing once this share of blocks is in
     tau2: float = 0.0  # partial pulling: seconds to wait for more blocks after that share
     pull_timestamp: str = "auto"  # auto | iteration | block: what a push's round is (rounds.py)
+    # PP-ASGD (pserver/prediction.py): pulls get f_S(w, M) = w + M·Σ_{s=1}^{S+1} μ^s, not w
+    predict: bool = False
+    predict_steps: int = -1  # S; -1: ⌊running mean of the measured staleness⌋
+    predict_probe: int = 50  # updates between prediction-error probes (0: none)
 
 
 @dataclass
