@@ -13,7 +13,8 @@ from learners.data import load_dataset
 from learners.serial import serial_steps, train_serial, train_serial_delayed
 from pserver.config import load_config
 from pserver.stats.check import check_dump
-from pserver.stats.reader import load_dump
+from pserver.stats.cli import format_summary
+from pserver.stats.reader import load_dump, summarize
 from pserver.stats.schema import GROUPS
 
 pytestmark = pytest.mark.mpi
@@ -81,8 +82,7 @@ def final_weights_init(common):
 def check_lockstep_dump(path, sigma_after_first: int):
     dump = load_dump(path / "stats.h5")
     assert check_dump(dump) == []
-    for name in dump.groups if hasattr(dump, "groups") else ():
-        assert name in GROUPS or name == "model"
+    assert set(dump.groups) <= set(GROUPS) | {"model"}
     e = dump.group("exchanges")
     steps = e["step"]
     per_learner = [int(np.sum(e["learner"] == i)) for i in range(4)]
@@ -93,6 +93,10 @@ def check_lockstep_dump(path, sigma_after_first: int):
     drift = dump.group("drift")
     assert drift["epoch"].tolist() == list(range(1, 21)) and np.all(drift["max_diff"] == 0.0)
     assert dump.rows("test") == 20
+    summary = summarize(dump)  # pserver-stats summary shows the exchanges' σ and the drift
+    assert summary["exchanges"]["staleness"]["max"] == sigma_after_first
+    assert summary["exchanges"]["max_drift"] == 0.0
+    assert "⟨σ⟩ over exchanges" in format_summary(summary)
     return dump
 
 
@@ -134,3 +138,14 @@ def test_lockstep_runs_do_not_depend_on_timing(tmp_path):
     train(tmp_path / "b", 5, *common, "comm.mode=thread", "inject.slow_learner=1",
           "inject.learner_factor=5")
     assert np.array_equal(final_weights(tmp_path / "a"), final_weights(tmp_path / "b"))
+
+
+def test_stats_plot_shows_the_exchanges_staleness(tmp_path):
+    from pserver.stats.plots import plot_staleness
+
+    train(tmp_path, 4, "protocol.name=hybrid", "run.epochs=1")
+    dump = load_dump(tmp_path / "stats.h5")
+    assert plot_staleness(dump, tmp_path / "s.png").stat().st_size > 0
+    assert summarize(dump)["exchanges"]["staleness"]["histogram"] == {
+        0: 2, 1: dump.rows("exchanges") - 2,
+    }
