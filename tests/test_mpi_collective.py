@@ -149,3 +149,24 @@ def test_stats_plot_shows_the_exchanges_staleness(tmp_path):
     assert summarize(dump)["exchanges"]["staleness"]["histogram"] == {
         0: 2, 1: dump.rows("exchanges") - 2,
     }
+
+
+def test_bench_collective_times_a_sync_step(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from mpirun import ROOT
+
+    out = tmp_path / "c.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_collective.py"), "--skip", "bandwidth",
+         "cpu", "--repeats", "1", "--reps", "2", "--sizes", "0.05", "--ranks", "2",
+         "--quiet-idle", "0", "--json", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SYNC allreduce" in proc.stdout
+    doc = json.loads(out.read_text())["sync"]
+    assert set(doc) == {"MPI_Allreduce", "SYNC allreduce", "SYNC step"}
+    assert all(v > 0 for v in doc.values())
