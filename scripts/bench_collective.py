@@ -159,7 +159,7 @@ def worker_sync(args: argparse.Namespace) -> dict[str, Any]:
 
     from pserver.comm.collectives import DEFAULT_IN_FLIGHT, Allreducer
     from pserver.config import load_config
-    from pserver.local_update import LocalUpdate, lr_scale
+    from pserver.local_update import LocalUpdate
 
     MPI, backend, waiter = worker_setup(args)
     comm, cfg = MPI.COMM_WORLD, load_config(None, ['protocol.name="sync"'])
@@ -167,7 +167,7 @@ def worker_sync(args: argparse.Namespace) -> dict[str, Any]:
     w = np.zeros_like(g)
     red = Allreducer(comm, backend, waiter, g.size, g.dtype, bucket_mib=cfg.comm.bucket_mib,
                      in_flight=DEFAULT_IN_FLIGHT, staging=cfg.comm.staging)  # fmt: skip
-    update = LocalUpdate(cfg, g.size, np, g.dtype, lr_scale(cfg, comm.Get_size()))
+    update = LocalUpdate(cfg, g.size, np, g.dtype)
 
     def step() -> None:
         red.start(g).wait()

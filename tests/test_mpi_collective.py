@@ -59,12 +59,14 @@ def test_hybrid_one_learner_is_the_delayed_serial_reference_bit_for_bit(tmp_path
 
 def test_sync_equals_hardsync_on_the_same_minibatches(tmp_path):
     """Cross-family: λ = 3, every minibatch the whole training set (so every step's λ
-    minibatches are the same for both, whatever the arrival order), hardsync's default rate
-    α0·√(λμ/μ): SYNC's allreduce-then-local-update ends at hardsync's weights."""
+    minibatches are the same for both, whatever the arrival order at hardsync's data server),
+    the same rate α0 (hardsync's √(λμ/B) = 1 with B = λμ): SYNC's allreduce-then-local-update
+    ends at hardsync's weights."""
     n_train = len(load_dataset(load_config(QUICKSTART).data, 0).y_train)
     common = ("run.epochs=12", f"data.batch_size={n_train}", "data.prefetch=1")
     train(tmp_path / "sync", 5, "protocol.name=sync", *common)
-    train(tmp_path / "hardsync", 6, "protocol.name=hardsync", *common)
+    train(tmp_path / "hardsync", 6, "protocol.name=hardsync", f"protocol.ref_batch={3 * n_train}",
+          *common)
     w_sync, w_hard = final_weights(tmp_path / "sync"), final_weights(tmp_path / "hardsync")
     assert load_dump(tmp_path / "sync" / "stats.h5").rows("exchanges") == 3 * 4
     assert not np.allclose(w_sync, final_weights_init(common))  # training moved them
