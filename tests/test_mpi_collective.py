@@ -172,3 +172,14 @@ def test_bench_collective_times_a_sync_step(tmp_path):
     doc = json.loads(out.read_text())["sync"]
     assert set(doc) == {"MPI_Allreduce", "SYNC allreduce", "SYNC step"}
     assert all(v > 0 for v in doc.values())
+
+
+@pytest.mark.parametrize("name", ["sync", "hybrid"])
+def test_a_failing_learner_ends_the_job_while_the_others_wait_in_the_allreduce(tmp_path, name):
+    import socket
+
+    res = run_job(6, [str(QUICKSTART), f"run.out_dir={tmp_path}", f"protocol.name={name}",
+                      "inject.fail_learner=1", "inject.fail_step=3"], timeout=60)  # fmt: skip
+    assert res.returncode != 0
+    assert f"rank 3 (learner 1) on {socket.gethostname()} failed" in res.stderr, res.output
+    assert "failure injected at step 3" in res.stderr
