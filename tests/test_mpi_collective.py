@@ -183,3 +183,16 @@ def test_a_failing_learner_ends_the_job_while_the_others_wait_in_the_allreduce(t
     assert res.returncode != 0
     assert f"rank 3 (learner 1) on {socket.gethostname()} failed" in res.stderr, res.output
     assert "failure injected at step 3" in res.stderr
+
+
+def test_staged_bucketed_allreduce_equals_the_direct_one(tmp_path):
+    """Item 7's CPU staging path (``comm.staging=always``: the pinned-buffer copies a GPU
+    array takes) with many small buckets gives the direct path's weights, λ = 3 (to rounding:
+    an MPI library may pick another summation order for another message size)."""
+    common = ("protocol.name=sync", "run.epochs=2")
+    train(tmp_path / "direct", 5, *common)
+    train(tmp_path / "staged", 5, *common, "comm.staging=always", "comm.bucket_mib=0.004")
+    np.testing.assert_allclose(
+        final_weights(tmp_path / "staged"), final_weights(tmp_path / "direct"), rtol=1e-5,
+        atol=1e-7,
+    )
