@@ -1,9 +1,10 @@
 """Waiting without burning a core, and saying what a stalled rank waits for.
 
 MPICH's blocking calls busy-poll: a rank blocked in ``Recv`` takes a core away from the learners
-that share its node (FACTS.md: 24% of the compute left with 7 waiting ranks on 2 cores). Every
-wait here tests its requests a few times, then sleeps with exponential back-off (10 µs to 1 ms),
-which costs at most about a millisecond of latency and leaves the compute ~100% of the CPU.
+that share its node (docs/architecture.md, "Waiting without burning a core", has the figures and
+``scripts/bench_wait.py`` measures them). Every wait here tests its requests a few times, then
+sleeps with back-off between ``comm.poll_min`` and ``comm.poll_max``, which adds at most
+``poll_max`` of latency and leaves the compute the CPU.
 """
 
 from __future__ import annotations
