@@ -55,6 +55,7 @@ PURE = (
     "pserver.epochs",
     "pserver.versions",
     "learners/",
+    "pserver.transfer_time",  # issue 11 item 3: a collective's expected time (tight window)
 )
 IMPURE = ("mpi4py", "pserver.comm", "pserver.roles")
 
