@@ -31,6 +31,7 @@ USES = {
     "tomli": "tomli",
     "cupy-cuda12x": "cupy",
     "pytest": "pytest",
+    "pandas": "pandas",
     "mpich": "file:scripts/setup.sh",  # the MPI library and mpiexec that setup.sh installs
     "ruff": "file:pyproject.toml",  # the linter the project is checked with ([tool.ruff])
 }
