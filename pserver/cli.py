@@ -23,7 +23,7 @@ from pserver.config import warnings as config_warnings
 from pserver.errors import PeerLost, RunError
 from pserver.logs import setup_logging, wait_until_read
 from pserver.startup import agree, failure_message, outcome, status_of
-from pserver.strategies import PS, PS_OVERLAP, lookup
+from pserver.strategies import LOCAL_STEPS, PS, PS_OVERLAP, lookup
 from pserver.topology import Role
 
 
@@ -207,6 +207,12 @@ def ps_overlap_exchange() -> type:
     return OverlapExchange
 
 
+def local_steps_exchange() -> type:
+    from pserver.roles.local_steps import LocalStepsExchange
+
+    return LocalStepsExchange
+
+
 #: Role -> a function (ctx, w0) -> the driver whose run() is the rank's whole life.
 DRIVERS = {
     Role.SERVER: server,
@@ -216,7 +222,7 @@ DRIVERS = {
     Role.STATS: stats_server,
 }
 #: A strategy's learner exchange (``pserver.strategies``, ``Strategy.exchanges``) -> its class.
-EXCHANGES = {PS: ps_exchange, PS_OVERLAP: ps_overlap_exchange}
+EXCHANGES = {PS: ps_exchange, PS_OVERLAP: ps_overlap_exchange, LOCAL_STEPS: local_steps_exchange}
 
 
 if __name__ == "__main__":

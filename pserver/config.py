@@ -67,6 +67,12 @@ class ProtocolConfig:
     pull_fraction: float = 1.0  # partial pulling: start computing once this share of blocks is in
     tau2: float = 0.0  # partial pulling: seconds to wait for more blocks after that share
     pull_timestamp: str = "auto"  # auto | iteration | block: what a push's round is (rounds.py)
+    # bmuf / ma (Chen & Huo): local steps per block, block momentum η (-1: 1 - 1/λ), block
+    # learning rate ζ, Nesterov (NBM) or classical (CBM) block momentum
+    tau: int = 8
+    block_momentum: float = -1.0
+    block_lr: float = 1.0
+    nesterov: bool = True
 
 
 @dataclass

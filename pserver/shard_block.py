@@ -47,6 +47,8 @@ class Applied:
 
     decision: UpdateDecision
     lr: float  # the learning rate of the step: α(epoch) · lr_scale
+    #: a strategy's own dump rows of this update, (group, columns) (BMUF's ``rounds``)
+    rows: tuple[tuple[str, dict[str, Any]], ...] = ()
 
 
 class ShardBlock:

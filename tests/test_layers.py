@@ -55,6 +55,9 @@ PURE = (
     "pserver.epochs",
     "pserver.versions",
     "learners/",
+    "pserver.block_momentum",
+    "pserver.local_rule",
+    "pserver.bmuf_block",
 )
 IMPURE = ("mpi4py", "pserver.comm", "pserver.roles")
 

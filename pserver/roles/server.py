@@ -162,6 +162,9 @@ class ServerShard:
         into = None if self.staged else st.versions.new_version(self.waiter, st.arith.w.nbytes)
         applied = st.arith.apply(decision, into)
         self.rows.update(st.block.index, applied.decision, applied.lr)
+        for group, row in applied.rows:  # a strategy's own rows (BMUF's rounds)
+            self.records.add(group, shard=self.shard, block=st.block.index, time=self.ctx.now(),
+                             **row)
         self.after_update(st)
 
     def released(self) -> bool:

@@ -13,12 +13,17 @@ from typing import Any
 
 import numpy as np
 
+from pserver.bmuf_block import BlockMomentumShard
 from pserver.context import Context
 from pserver.roles.shard_versions import ServedVersions
 from pserver.roles.snapshots import Snapshots, snapshot_queue
 from pserver.shard_block import ShardBlock
+from pserver.strategies import BLOCK_MOMENTUM, lookup
 from pserver.topology import Block
 from pserver.wire import Header
+
+#: ``Strategy.shard_block`` -> the block's arithmetic (pure).
+SHARD_BLOCKS: dict[str, type[ShardBlock]] = {"": ShardBlock, BLOCK_MOMENTUM: BlockMomentumShard}
 
 
 @dataclass
@@ -54,7 +59,10 @@ class BlockBuilder:
         if self.shm is not None:  # the weights live in the node's window, where learners read
             w = self.shm.weights(ctx.rank, b)
             w[...] = weights[b.start : b.stop]
-        arith = ShardBlock.build(w, ctx.cfg, len(ctx.layout.learners), ctx.train_size, xp)
+        kind = SHARD_BLOCKS[lookup(ctx.cfg.protocol.name).shard_block]
+        arith = kind.build(
+            w, ctx.cfg, len(ctx.layout.learners), ctx.train_size, xp
+        )
         bufs = [] if self.staged else [w]
         buffer = lambda v: self.version_buffer(b, w, v)  # noqa: E731
         versions = ServedVersions(b.index, self.version_limit(), bufs, buffer, xp)

@@ -180,6 +180,21 @@ class Delay:
     delay: float = col("float64", "s it was held")
 
 
+@dataclass(frozen=True)
+class Round:
+    shard: int = col("int32", "server shard (BMUF's master) that updated")
+    block: int = col("int32", "parameter block")
+    round: int = col("int64", "block index t: the block's timestamp after this update")
+    time: float = col("float64", "s since start")
+    tau: int = col("int32", "local steps per learner per block")
+    eta: float = col("float64", "block momentum η (Chen & Huo eq. 3)")
+    zeta: float = col("float64", "block learning rate ζ (eq. 3)")
+    g_norm: float = col("float64", "‖G(t)‖ of this block: the mean delta (eq. 2)")
+    delta_norm: float = col("float64", "‖Δ(t)‖ of this block (eq. 3)")
+    learners: int = col("int32", "deltas averaged into G(t)")
+    local_steps: int = col("int64", "the learners' local steps in this block, summed")
+
+
 VECTOR_CLOCK = Column("vector_clock", "int64", "timestamps of the aggregated gradients")
 
 GROUPS: dict[str, Group] = {
@@ -195,6 +210,7 @@ GROUPS: dict[str, Group] = {
         Group("blocks", "one per parameter block, at the end", BlockTotals),
         Group("aggregators", "one per aggregator, at the end", AggregatorTotals),
         Group("delays", "one per injected pull delay", Delay),
+        Group("rounds", "one per block round of bmuf or ma, per parameter block", Round),
     )
 }
 
