@@ -1,13 +1,10 @@
 """Blockwise model-update filtering (BMUF, Chen & Huo): the master's arithmetic, pure.
 
 One :class:`BlockMomentum` per parameter block at the shard (the master). After block ``t``
-every learner has run τ local steps from the global model ``W_g(t−1)`` it pulled and pushed its
-model delta ``w_k − W_g(t−1)``; the round's mean of these deltas is
+every learner has run τ local steps from the global model ``W_g(t−1)`` it pulled; the mean of
+their local models is W̄(t), and
 
-* G(t) = W̄(t) − W_g(t−1)                           (eq. 2, W̄ the mean of the local models)
-
-and the block updates
-
+* G(t) = W̄(t) − W_g(t−1)                           (eq. 2)
 * Δ(t) = η·Δ(t−1) + ζ·G(t),   0 ≤ η < 1, ζ > 0     (eq. 3)
 * W(t) = W(t−1) + Δ(t)                              (eq. 4)
 
@@ -16,7 +13,11 @@ and serves, for the next block,
 * W_g(t) = W(t)                                     (eq. 5, classical block momentum, CBM)
 * W_g(t) = W(t) + η·Δ(t)                            (eq. 6, Nesterov block momentum, NBM)
 
-η = 0, ζ = 1 is model averaging (MA): W(t) = W̄(t). The default η = 1 − 1/λ is eq. (10),
+η = 0, ζ = 1 is model averaging (MA): then W_g(t−1) = W(t−1) and W(t) = W̄(t), which
+:meth:`BlockMomentum.step` takes as it is ("the strategy of MA", §2.1.3) rather than as
+W(t−1) + (W̄(t) − W(t−1)): the two differ in the last bit where a local step's fused
+multiply-add (BLAS ``axpy``) left W̄ − W inexact, and a one-learner MA run with τ = 1 is then
+serial SGD bit for bit. The default η = 1 − 1/λ is eq. (10),
 ζ / (λ(1 − η)) = C, with ζ = 1 and C = 1 (:func:`default_block_momentum`).
 
 These are the paper's equations, not the popular implementations': fairseq's and CNTK's
@@ -71,11 +72,22 @@ class BlockMomentum:
         self.delta = xp.zeros(size, dtype=dtype)  # Δ(t−1); Δ(0) = 0, so W_g(0) = W(0)
         self.ahead = xp.empty(size, dtype=dtype) if flt.looks_ahead else None
 
-    def step(self, w: Any, g: Any) -> Norms:
-        """Eqs. (3)–(4) in place: Δ ← η·Δ + ζ·G, W ← W + Δ. ``g`` is G(t) (clobbered)."""
+    @property
+    def averages(self) -> bool:
+        """η = 0 and ζ = 1: model averaging, W(t) = W̄(t)."""
+        return self.filter.eta == 0.0 and self.filter.zeta == 1.0
+
+    def step(self, w: Any, mean: Any) -> Norms:
+        """Eqs. (2)–(4) in place on W = ``w``, from W̄(t) = ``mean`` (clobbered: becomes G)."""
         xp, f, d = self.xp, self.filter, self.delta
+        if self.averages:  # Δ(t) = G(t) = W̄(t) − W(t−1), and W(t) = W̄(t)
+            xp.subtract(mean, w, out=d)
+            xp.copyto(w, mean)
+            norm = float(xp.linalg.norm(d))
+            return Norms(norm, norm)
+        g = xp.subtract(mean, self.served(w), out=mean)  # eq. (2), against W_g(t−1)
         g_norm = float(xp.linalg.norm(g))
-        xp.multiply(d, f.eta, out=d)  # η = 0 (MA): Δ(t) = G(t) exactly below
+        xp.multiply(d, f.eta, out=d)
         if f.zeta != 1.0:
             xp.multiply(g, f.zeta, out=g)
         xp.add(d, g, out=d)

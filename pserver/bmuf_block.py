@@ -1,13 +1,13 @@
 """A shard block under BMUF or MA (Chen & Huo): the master's side of a block round. Pure.
 
 The round is hardsync's (:class:`pserver.protocols.block.BlockRound`): it closes once every
-learner's delta of block t is in, and the accumulator then holds their sum. :meth:`apply`
-divides by λ (G(t), eq. 2) and runs block momentum (:mod:`pserver.block_momentum`, eqs. 3–4) on
+learner's local model of block t is in, and the accumulator then holds their sum. :meth:`apply`
+divides by λ (W̄(t)) and runs block momentum (:mod:`pserver.block_momentum`, eqs. 3–4) on
 ``w``, which is W(t) alone: the buffers pulls read are apart from it, and :meth:`serve` writes
 W_g(t) there (eq. 5 or 6). The statistics server's snapshots read ``w``: the tests see W(t),
 never the look-ahead.
 
-A gradient here is a model delta worth τ minibatches, so the epochs count ``applied · τ ·
+A "gradient" here is a local model worth τ minibatches, so the epochs count ``applied · τ ·
 batch`` samples.
 """
 
@@ -62,7 +62,7 @@ class BlockMomentumShard(ShardBlock):
         return cls(w, make_protocol(cfg, n_learners), rule, cfg.optim, epochs, xp)
 
     def apply(self, decision: UpdateDecision, into: Any = None) -> Applied:
-        """G(t) = the mean delta (eq. 2), then eqs. (3)–(4) on W; W_g(t) into ``into``."""
+        """W̄(t) = the mean local model, then eqs. (2)–(4) on W; W_g(t) into ``into``."""
         g = self.accum if self.held is None else self.held
         if decision.divisor != 1.0:
             self.xp.multiply(g, 1.0 / decision.divisor, out=g)
