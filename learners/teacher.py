@@ -19,15 +19,17 @@ def teacher_task(
     features: int = 32,
     classes: int = 10,
     hidden: int = 64,
-    noise: float = 0.5,
+    noise: float = 0.1,
     seed: int = 0,
+    sharpness: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(X float32 [n, features], y int64 [n]) of the teacher task; ``noise`` is the Gumbel
-    temperature on the teacher's standardized logits (0: a deterministic teacher)."""
+    temperature on the teacher's standardized logits (0: a deterministic teacher),
+    ``sharpness`` the scale of its first layer (larger: a more nonlinear teacher)."""
     rng = np.random.default_rng(seed)
     mix = rng.normal(size=(features, features)) / np.sqrt(features)
     x = rng.normal(size=(n, features)) @ mix
-    w1 = rng.normal(size=(features, hidden)) * (2.0 / np.sqrt(features))
+    w1 = rng.normal(size=(features, hidden)) * (sharpness / np.sqrt(features))
     w2 = rng.normal(size=(hidden, classes)) / np.sqrt(hidden)
     logits = np.tanh(x @ w1) @ w2
     logits = (logits - logits.mean(axis=0)) / logits.std()

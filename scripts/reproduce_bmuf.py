@@ -28,8 +28,8 @@ pull) adds per block, amortized over τ steps.
 
 Example::
 
-    python scripts/reproduce_bmuf.py                      # λ = 4 and 8, τ = 8, 20 epochs
-    python scripts/reproduce_bmuf.py --learners 4 8 16 --tau 16
+    python scripts/reproduce_bmuf.py --repeats 3          # λ = 4 and 8, τ = 4, 5 epochs
+    python scripts/reproduce_bmuf.py --learners 4 8 16 --tau 8
     python scripts/reproduce_bmuf.py --quick              # a small smoke run
 """
 
@@ -84,14 +84,15 @@ class Run:
 def main(argv: list[str] | None = None) -> int:
     p = bench_parser(__doc__, repeats=1, timeout=900.0, quiet_idle=0.0)
     p.add_argument("--learners", type=int, nargs="+", default=[4, 8], help="λ values")
-    p.add_argument("--tau", type=int, default=8, help="local steps per block (default 8)")
-    p.add_argument("--epochs", type=int, default=20, help="data passes (default 20)")
-    p.add_argument("--lr", type=float, default=0.01, help="serial and local lr (default 0.01)")
+    p.add_argument("--tau", type=int, default=4, help="local steps per block (default 4)")
+    p.add_argument("--epochs", type=int, default=5, help="data passes (default 5)")
+    p.add_argument("--lr", type=float, default=0.05, help="serial and local lr (default 0.05)")
     p.add_argument("--ma-lr-scale", type=float, default=None,
                    help="MA's local lr is this times --lr (default: λ, eq. 8)")
     p.add_argument("--batch", type=int, default=32, help="minibatch size (default 32)")
     p.add_argument("--samples", type=int, default=20000, help="teacher task size")
     p.add_argument("--noise", type=float, default=0.1, help="teacher label noise (Gumbel T)")
+    p.add_argument("--sharpness", type=float, default=1.0, help="teacher nonlinearity")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "reproduce_bmuf")
     p.add_argument("--compute", type=float, default=0.0,
                    help="emulated compute per minibatch, s (inject.compute_time; default 0)")
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--tau, --epochs and --learners must be >= 1")
     args.out.mkdir(parents=True, exist_ok=True)
     data = args.out / "teacher.h5"
-    write_hdf5_dataset(data, *teacher_task(args.samples, noise=args.noise, seed=0))
+    write_hdf5_dataset(data, *teacher_task(args.samples, noise=args.noise, seed=0, sharpness=args.sharpness))
     launcher = Launcher.from_args(__file__, args)
     common = [
         "data.source=hdf5", f"data.path={data}", f"data.batch_size={args.batch}",
