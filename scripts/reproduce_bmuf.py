@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--tau, --epochs and --learners must be >= 1")
     args.out.mkdir(parents=True, exist_ok=True)
     data = args.out / "teacher.h5"
-    write_hdf5_dataset(data, *teacher_task(args.samples, noise=args.noise, seed=0, sharpness=args.sharpness))
+    task = teacher_task(args.samples, noise=args.noise, seed=0, sharpness=args.sharpness)
+    write_hdf5_dataset(data, *task)
     launcher = Launcher.from_args(__file__, args)
     common = [
         "data.source=hdf5", f"data.path={data}", f"data.batch_size={args.batch}",
