@@ -223,3 +223,16 @@ def test_defaults_accepted():
     cfg = load_config(None, ["protocol.name=bmuf", "protocol.block_momentum=0.0"])
     assert cfg.protocol.block_momentum == 0.0 and cfg.protocol.nesterov
     load_config(None, ["protocol.name=ma", "protocol.tau=1"])
+
+
+def test_teacher_task_is_seeded_balanced_and_noisy():
+    from learners.teacher import teacher_task
+
+    X, y = teacher_task(2000, seed=3)
+    X2, y2 = teacher_task(2000, seed=3)
+    assert X.dtype == np.float32 and X.shape == (2000, 32) and y.dtype == np.int64
+    np.testing.assert_array_equal(X, X2)
+    np.testing.assert_array_equal(y, y2)
+    assert np.bincount(y, minlength=10).min() > 50  # every class present
+    _, clean = teacher_task(2000, seed=3, noise=0.0)
+    assert 0.02 < np.mean(clean != y) < 0.5  # the noise flips some labels, not most
