@@ -55,6 +55,7 @@ PURE = (
     "pserver.epochs",
     "pserver.versions",
     "learners/",
+    "pserver.prediction",
     "pserver.block_momentum",
     "pserver.local_rule",
     "pserver.bmuf_block",
