@@ -24,6 +24,7 @@ from pserver.errors import PeerLost, RunError
 from pserver.logs import setup_logging, wait_until_read
 from pserver.startup import agree, failure_message, outcome, status_of
 from pserver.strategies import PS, PS_OVERLAP, lookup
+from pserver.strategies.adpsgd import GOSSIP
 from pserver.topology import Role
 
 
@@ -207,6 +208,12 @@ def ps_overlap_exchange() -> type:
     return OverlapExchange
 
 
+def gossip_exchange() -> type:
+    from pserver.roles.gossip import GossipExchange
+
+    return GossipExchange
+
+
 #: Role -> a function (ctx, w0) -> the driver whose run() is the rank's whole life.
 DRIVERS = {
     Role.SERVER: server,
@@ -216,7 +223,7 @@ DRIVERS = {
     Role.STATS: stats_server,
 }
 #: A strategy's learner exchange (``pserver.strategies``, ``Strategy.exchanges``) -> its class.
-EXCHANGES = {PS: ps_exchange, PS_OVERLAP: ps_overlap_exchange}
+EXCHANGES = {PS: ps_exchange, PS_OVERLAP: ps_overlap_exchange, GOSSIP: gossip_exchange}
 
 
 if __name__ == "__main__":

@@ -109,6 +109,11 @@ def prepare(
     strategy = lookup(cfg.protocol.name)
     if strategy.protocol is not None:  # a shard protocol that cannot run with this λ fails here
         strategy.protocol(cfg, n_learners)
+    if n_learners < strategy.min_learners:
+        raise ConfigError(
+            f"protocol.name = {strategy.name!r} needs at least {strategy.min_learners} learners, "
+            f"this run has {n_learners}: add ranks or set cluster.learners"
+        )
     inject_plan(cfg).validate(len(layout.servers), n_learners)
     check_fail_learner(cfg, n_learners)
     check_blas_threads(cfg.run.blas_threads)

@@ -20,12 +20,14 @@ from pserver.strategies.base import COLLECTIVE, FAMILIES, PARAMETER_SERVER
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 NAMES = ("hardsync", "softsync", "async", "psp", "ssp")
+LEARNERS_ONLY = ("adpsgd",)  # the collective/gossip family (issue 12)
 
 
 def test_registry_holds_the_five_parameter_server_strategies():
-    assert strategies.names() == NAMES
-    assert CHOICES["protocol.name"] == NAMES
-    for name, s in REGISTRY.items():
+    assert strategies.names() == NAMES + LEARNERS_ONLY
+    assert CHOICES["protocol.name"] == NAMES + LEARNERS_ONLY
+    for name in NAMES:
+        s = REGISTRY[name]
         assert lookup(name) is s and s.name == name
         assert s.family == PARAMETER_SERVER and s.family in FAMILIES
         assert s.ranks == Ranks(servers=True, data=True, stats=True)
@@ -175,3 +177,10 @@ def test_layout_without_servers_for_a_learners_only_strategy():
     assert [layout.describe(r) for r in range(4)] == [
         "stats server", "data server", "learner 0", "learner 1"]
     assert [layout.index(r) for r in range(4)] == [0, 0, 0, 1]
+
+
+def test_adpsgd_is_learners_only_and_needs_two_learners():
+    s = lookup("adpsgd")
+    assert s.family == COLLECTIVE and s.ranks == Ranks(servers=False)
+    assert s.protocol is None and s.min_learners == 2 and not s.tree
+    assert {s.exchange(m) for m in ("blocking", "nonblocking", "thread")} == {"gossip"}

@@ -265,3 +265,79 @@ class Gossip:
         with self.lock:
             rows, self.rows = self.rows, []
         return rows
+
+
+class GossipExchange:
+    """The trainer's exchange for ``protocol.name = "adpsgd"`` (``pserver.roles.trainer``):
+    ``weights()`` is a snapshot of the learner's model, ``gradient(g)`` the local update
+    (the parameter-server path's rule, schedule and weight decay, applied here) followed by
+    the exchange, ``finish()`` the goodbyes. ``model`` is the learner's model (for the average
+    the statistics server tests)."""
+
+    freeze_after_weights = False
+    relayed_bytes = 0  # weights forwarded for others: none (an exchange is one's own model)
+
+    def __init__(self, ctx: Any, weights: Any) -> None:
+        from pserver.backend import StagingBuffers
+        from pserver.comm.payload import staged
+        from pserver.optim import make_updater, scheduled_lr
+
+        cfg, xp = ctx.cfg, ctx.xp
+        if ctx.learner_comm is None:
+            raise RuntimeError("ADPSGD needs the learners' communicator")
+        self.waiter = ctx.waiter()
+        self.grad = xp.empty_like(weights)
+        self.have: dict[int, int] = {}
+        self.records: Any = None
+        updater = make_updater(cfg.optim, weights.size, xp, weights.dtype)
+        lam, batch, n_train = ctx.learner_comm.Get_size(), cfg.data.batch_size, ctx.train_size
+
+        def apply(w: Any, g: Any, step: int) -> None:
+            # the epoch this learner's step falls in, were the λ learners to go at its pace
+            updater.step(w, g, scheduled_lr(cfg.optim, step * lam * batch // n_train))
+
+        stage = None
+        if staged(ctx.backend, cfg.comm.staging):
+            stage = StagingBuffers(ctx.backend, [weights.size] * 2, weights.dtype)
+        self.gossip = Gossip(
+            ctx.learner_comm, xp, self.waiter, weights, apply,
+            threaded=cfg.comm.mode == "thread", stage=stage, synchronize=ctx.backend.synchronize,
+        )  # fmt: skip
+
+    @property
+    def model(self) -> Any:
+        return self.gossip.w
+
+    def bind(self, records: Any) -> None:
+        """Where the ``exchanges`` rows go (the trainer's record buffer)."""
+        self.records = records
+
+    def weights(self) -> Any:
+        return self.gossip.snapshot()
+
+    def gradient_buffer(self) -> Any:
+        return self.grad
+
+    def gradient(self, g: Any) -> None:
+        self.gossip.update(g)
+        self.have[0] = self.gossip.clock.own
+        self.flush_rows()
+
+    def staleness(self) -> tuple[float, int]:
+        return 0.0, 0
+
+    def done(self) -> float:
+        return self.gossip.wait_exchange()
+
+    def close(self) -> None:
+        self.gossip.close()
+
+    def finish(self) -> None:
+        self.gossip.finish()
+        self.flush_rows()
+
+    def flush_rows(self) -> None:
+        rows = self.gossip.take_rows()
+        if self.records is not None:
+            for row in rows:
+                self.records.add("exchanges", **row)

@@ -44,6 +44,8 @@ class Trainer:
         self.ex, self.prefetch = exchange, prefetch
         self.index = ctx.layout.index(ctx.rank)
         self.records = ctx.records()
+        if hasattr(exchange, "bind"):  # an exchange with rows of its own (ADPSGD: exchanges)
+            exchange.bind(self.records)
         self.model = ctx.model
         self.inject = inject_plan(self.cfg)
         self.extra_compute = self.inject.compute_time_for(self.index)

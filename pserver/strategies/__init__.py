@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from pserver.errors import ConfigError
+from pserver.strategies.adpsgd import ADPSGD
 from pserver.strategies.base import FAMILIES, PS, PS_OVERLAP, Param, Ranks, Strategy
 from pserver.strategies.hardsync import HARDSYNC
 from pserver.strategies.psp import PSP
@@ -22,7 +23,7 @@ __all__ = [
     "make_protocol", "names", "owners", "params",
 ]
 
-REGISTRY: dict[str, Strategy] = {s.name: s for s in (HARDSYNC, SOFTSYNC, ASYNC, PSP, SSP)}
+REGISTRY: dict[str, Strategy] = {s.name: s for s in (HARDSYNC, SOFTSYNC, ASYNC, PSP, SSP, ADPSGD)}
 
 
 def names() -> tuple[str, ...]:

@@ -75,6 +75,8 @@ class Strategy:
     waits_for_update: bool = False
     tree: bool = False
     checks: tuple[Check, ...] = ()
+    # the fewest learners it can run with (checked at start-up, when λ is known)
+    min_learners: int = 1
 
     def uses(self, key: str) -> bool:
         """Whether ``protocol.<key>`` means anything to this strategy."""

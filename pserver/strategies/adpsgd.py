@@ -1,0 +1,21 @@
+"""ADPSGD (IBM paper §3, Fig. 3b, Fig. 4): learners only; after each local update a learner
+averages its model with a ring neighbour's, w ← (w + w')/2 (eq. 4). The ring schedule and its
+liveness argument: ``pserver.gossip``; the exchange: ``pserver.roles.gossip``."""
+
+from __future__ import annotations
+
+from pserver.strategies.base import COLLECTIVE, Ranks, Strategy
+
+GOSSIP = "gossip"  # the learner exchange (pserver.cli's EXCHANGES)
+
+ADPSGD = Strategy(
+    name="adpsgd",
+    family=COLLECTIVE,
+    summary="local update, then w ← (w + w')/2 with a ring neighbour (IBM ADPSGD)",
+    protocol=None,
+    ranks=Ranks(servers=False),
+    # thread: the paper's communication thread (a receiver answers while it computes);
+    # blocking and nonblocking: exchanges progress in this learner's waits and step boundaries
+    exchanges={"blocking": GOSSIP, "nonblocking": GOSSIP, "thread": GOSSIP},
+    min_learners=2,
+)
