@@ -74,7 +74,10 @@ class Trainer:
         if self.ex.freeze_after_weights:
             self.freeze()
         t1 = time.perf_counter()
-        X, y = self.prefetch.get()
+        batch = self.prefetch.get()
+        if batch is None:  # learners-only: the data server served the run's last minibatch
+            return False
+        X, y = batch
         t2 = time.perf_counter()
         grad = self.ex.gradient_buffer()
         self.compute(w, X, y, grad)

@@ -62,7 +62,8 @@ class Strategy:
     ``exchanges``: ``comm.mode`` -> learner exchange name, a missing mode is refused by
     :meth:`exchange`; ``waits_for_update``: learners compute each iteration on the weights
     of the latest update (the shard protocol's attribute of the same name, tested equal);
-    ``tree``: the aggregator tree may sum its gradients (``cluster.tree_fanout``)."""
+    ``tree``: the aggregator tree may sum its gradients (``cluster.tree_fanout``);
+    ``lockstep``: see the field."""
 
     name: str
     family: str
@@ -75,6 +76,9 @@ class Strategy:
     waits_for_update: bool = False
     tree: bool = False
     checks: tuple[Check, ...] = ()
+    # learners-only: every learner takes the same number of steps (SYNC, HYBRID: their
+    # allreduce needs every learner); False: free-running learners (pserver.lockstep)
+    lockstep: bool = False
     # the fewest learners it can run with (checked at start-up, when λ is known)
     min_learners: int = 1
 
