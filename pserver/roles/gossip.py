@@ -67,6 +67,7 @@ class Gossip:
     def __init__(
         self, comm: MPI.Comm, xp: Any, waiter: Waiter, w: Any, apply: Apply,
         *, threaded: bool, stage: Any = None, synchronize: Callable[[], None] = lambda: None,
+        now: Callable[[], float] = time.perf_counter,
     ) -> None:  # fmt: skip
         self.comm, self.xp, self.waiter, self.apply = comm, xp, waiter, apply
         self.me, n = comm.Get_rank(), comm.Get_size()
@@ -76,7 +77,7 @@ class Gossip:
         self.snap = xp.empty_like(w)  # what the gradient is computed on
         self.theirs = xp.empty_like(w)  # the neighbour's model
         self.answer = xp.empty_like(w)  # a receiver's answer (its model before averaging)
-        self.stage, self.synchronize = stage, synchronize
+        self.stage, self.synchronize, self.now = stage, synchronize, now
         self.clock = VectorClock(n, self.me)
         self.engine = CommEngine(self.progress, waiter, threaded)
         self.lock: threading.Condition = self.engine.lock
@@ -246,16 +247,16 @@ class Gossip:
     def mixed(self, partner: int, hdr: np.ndarray, started: float) -> None:
         """Bookkeeping of one average: the ``exchanges`` row and the vector clock."""
         partner_step = int(hdr[1])
-        self.rows.append(
+        self.rows.append(  # docs/stats.md, exchanges/
             dict(
                 learner=self.me,
-                partner=partner,
                 step=self.clock.own,
+                partner=partner,
+                staleness=age(self.clock.own, partner_step),
                 partner_step=partner_step,
-                age=age(self.clock.own, partner_step),
                 bytes=self.nbytes,
                 wait_time=time.perf_counter() - started,
-                active=int(self.role == SENDER),
+                time=self.now(),
             )
         )
         self.clock.merge(hdr[2:])
@@ -280,7 +281,8 @@ class GossipExchange:
     def __init__(self, ctx: Any, weights: Any) -> None:
         from pserver.backend import StagingBuffers
         from pserver.comm.payload import staged
-        from pserver.optim import make_updater, scheduled_lr
+        from pserver.local_update import LocalUpdate
+        from pserver.roles.gossip_model import GossipModel
 
         cfg, xp = ctx.cfg, ctx.xp
         if ctx.learner_comm is None:
@@ -289,12 +291,12 @@ class GossipExchange:
         self.grad = xp.empty_like(weights)
         self.have: dict[int, int] = {}
         self.records: Any = None
-        updater = make_updater(cfg.optim, weights.size, xp, weights.dtype)
+        rule = LocalUpdate(cfg, weights.size, xp, weights.dtype)  # scale 1: one's own gradient
         lam, batch, n_train = ctx.learner_comm.Get_size(), cfg.data.batch_size, ctx.train_size
 
         def apply(w: Any, g: Any, step: int) -> None:
-            # the epoch this learner's step falls in, were the λ learners to go at its pace
-            updater.step(w, g, scheduled_lr(cfg.optim, step * lam * batch // n_train))
+            # the epoch of this learner's step: λ learners at its pace took step·λ minibatches
+            rule.step(w, g, step * lam * batch // n_train)
 
         stage = None
         if staged(ctx.backend, cfg.comm.staging):
@@ -302,13 +304,15 @@ class GossipExchange:
         self.gossip = Gossip(
             ctx.learner_comm, xp, self.waiter, weights, apply,
             threaded=cfg.comm.mode == "thread", stage=stage, synchronize=ctx.backend.synchronize,
+            now=ctx.now,
         )  # fmt: skip
+        self.average = GossipModel(ctx, weights, self.gossip.lock)
 
     @property
     def model(self) -> Any:
         return self.gossip.w
 
-    def bind(self, records: Any) -> None:
+    def attach(self, records: Any) -> None:
         """Where the ``exchanges`` rows go (the trainer's record buffer)."""
         self.records = records
 
@@ -320,7 +324,8 @@ class GossipExchange:
 
     def gradient(self, g: Any) -> None:
         self.gossip.update(g)
-        self.have[0] = self.gossip.clock.own
+        self.have[0] = steps = self.gossip.clock.own
+        self.average.stepped(self.gossip.w, steps)
         self.flush_rows()
 
     def staleness(self) -> tuple[float, int]:
@@ -333,8 +338,9 @@ class GossipExchange:
         self.gossip.close()
 
     def finish(self) -> None:
-        self.gossip.finish()
+        self.gossip.finish()  # goodbyes first: the final average is then the mean of the models
         self.flush_rows()
+        self.average.finish(self.gossip.w, self.gossip.clock.own)
 
     def flush_rows(self) -> None:
         rows = self.gossip.take_rows()

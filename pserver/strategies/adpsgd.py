@@ -4,7 +4,8 @@ liveness argument: ``pserver.gossip``; the exchange: ``pserver.roles.gossip``.""
 
 from __future__ import annotations
 
-from pserver.strategies.base import COLLECTIVE, Ranks, Strategy
+from pserver.strategies import collective
+from pserver.strategies.base import COLLECTIVE, Strategy
 
 GOSSIP = "gossip"  # the learner exchange (pserver.cli's EXCHANGES)
 
@@ -13,9 +14,10 @@ ADPSGD = Strategy(
     family=COLLECTIVE,
     summary="local update, then w ← (w + w')/2 with a ring neighbour (IBM ADPSGD)",
     protocol=None,
-    ranks=Ranks(servers=False),
+    ranks=collective.RANKS,
     # thread: the paper's communication thread (a receiver answers while it computes);
     # blocking and nonblocking: exchanges progress in this learner's waits and step boundaries
     exchanges={"blocking": GOSSIP, "nonblocking": GOSSIP, "thread": GOSSIP},
+    checks=collective.CHECKS,
     min_learners=2,
 )
