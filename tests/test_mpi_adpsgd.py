@@ -1,9 +1,20 @@
-"""ADPSGD (protocol.name = "adpsgd") on real runs: bad input refused before training."""
+"""ADPSGD (protocol.name = "adpsgd") on real runs: bad input refused before training; λ = 4
+on the quickstart model for 20 epochs learns as the parameter-server protocols do, in every
+``comm.mode``, with a dump that has exactly the schema and passes ``pserver-stats check``."""
 
 from __future__ import annotations
 
+import h5py
+import numpy as np
 import pytest
-from mpirun import run_job
+from mpirun import QUICKSTART, assert_learned, run_job
+
+from pserver.config import load_config
+from pserver.gossip import Ring
+from pserver.lockstep import total_minibatches
+from pserver.stats.check import check_dump
+from pserver.stats.reader import load_dump
+from pserver.stats.schema import GROUPS, MODEL_WEIGHTS
 
 pytestmark = pytest.mark.mpi
 
@@ -45,3 +56,47 @@ def test_server_shards_are_refused(tmp_path):
     assert res.returncode == 2, res.output
     assert "runs without parameter-server shards; set cluster.servers = 0" in res.stderr
     assert "Traceback" not in res.output
+
+
+def quickstart_adpsgd(tmp_path):  # noqa: ANN001, ANN201 - Path -> Path
+    """The quickstart config with protocol.name = "adpsgd" and without its parameter-server
+    keys (``protocol.n``, ``protocol.lr_policy``: refused as unused by a learners-only run)."""
+    lines = [ln for ln in QUICKSTART.read_text().splitlines()
+             if not ln.startswith(("n =", "lr_policy =", "name = \"hardsync\""))]  # fmt: skip
+    text = "\n".join(lines).replace("[protocol]", '[protocol]\nname = "adpsgd"')
+    path = tmp_path / "quickstart_adpsgd.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("mode", ["thread", "nonblocking", "blocking"])
+def test_four_learners_learn_with_a_consistent_dump(tmp_path, mode):
+    out = tmp_path / "out"
+    res = run_job(6, [str(quickstart_adpsgd(tmp_path)), f"run.out_dir={out}",
+                      "stats.progress=false", f"comm.mode={mode}"], 300)  # fmt: skip
+    assert res.returncode == 0, res.output
+    dump = load_dump(out / "stats.h5")
+    assert_learned(dump)
+    assert not check_dump(dump), check_dump(dump)
+    assert dump.group("test")["epoch"].tolist() == list(range(1, 21))  # every epoch tested
+    with h5py.File(out / "stats.h5", "r") as f:
+        for name in (k for k in f if k != "model"):
+            g = GROUPS[name]
+            assert {k: str(f[name][k].dtype) for k in f[name]} == {
+                c.name: c.dtype for c in (*g.columns, *g.clocks)}, name  # fmt: skip
+        assert f[MODEL_WEIGHTS].shape == (4810,)
+    # the data server ended the run after exactly the serial reference's minibatches
+    learners = dump.group("learners")
+    train_size = int(dump.group("test")["samples"][0])  # samples of one epoch
+    cfg = load_config(None, ["run.epochs=20", "data.batch_size=16"])
+    assert int(learners["minibatches"].sum()) == total_minibatches(cfg, train_size)
+    # every exchange is with a ring neighbour; its staleness is the partner model's age
+    ex = dump.group("exchanges")
+    ring = Ring(4)
+    assert len(ex["learner"]) > 0 and set(ex["learner"].tolist()) == {0, 1, 2, 3}
+    for i, j in zip(ex["learner"].tolist(), ex["partner"].tolist(), strict=True):
+        assert j in ring.neighbours(i)
+    assert np.array_equal(ex["staleness"], ex["step"] - ex["partner_step"])
+    # each exchange is recorded once by the sender and once by the receiver
+    senders = np.isin(ex["learner"], [0, 2])
+    assert senders.sum() == (~senders).sum()

@@ -74,6 +74,14 @@ class GossipModel:
         self.report.send(self.buf, epoch, steps)
         self.inflight = None
 
+    def settle(self) -> None:
+        """Wait until the snapshots sent so far have reached the statistics server (learner 0;
+        the end of the run, where waiting is fine)."""
+        for snaps in self.report.snaps if self.report.sends else ():
+            while snaps.reqs or snaps.queued:
+                self.waiter.waitall(snaps.reqs, "the statistics server to take a model snapshot")
+                snaps.advance()  # the completed requests cleared, the next queued one posted
+
     def finish(self, w: Any, steps: int) -> None:
         """Every epoch still owed (with the final model), then the final average; the
         statistics server gets the last epoch's test and the dump's final model from it."""
@@ -82,8 +90,10 @@ class GossipModel:
         while self.inflight is not None or self.due:
             if self.inflight is not None:
                 self.inflight[2].wait(f"the learners' average model of epoch {self.inflight[0]}")
+                self.settle()  # owed epochs come in a burst: none may find the queue full
                 self.reported()
             self.poll(w, steps)
+        self.settle()
         self.xp.copyto(self.buf, w)
         self.red.start(self.buf).wait("the learners' final average model")
         self.xp.multiply(self.buf, 1.0 / self.lam, out=self.buf)
