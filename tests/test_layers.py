@@ -57,6 +57,7 @@ PURE = (
     "learners/",
     "pserver.lockstep",  # issue 12: learners-only runs' steps, epochs and data quota
     "pserver.local_update",  # issue 12: a learner's own update rule
+    "pserver.gossip",  # issue 12: ADPSGD's ring schedule, goodbyes, vector clock
 )
 IMPURE = ("mpi4py", "pserver.comm", "pserver.roles")
 
