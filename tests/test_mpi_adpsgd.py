@@ -100,3 +100,21 @@ def test_four_learners_learn_with_a_consistent_dump(tmp_path, mode):
     # each exchange is recorded once by the sender and once by the receiver
     senders = np.isin(ex["learner"], [0, 2])
     assert senders.sum() == (~senders).sum()
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+def test_random_runs_with_injected_delays_end_cleanly(tmp_path, n):
+    """A handful of one-epoch trainings with drawn comm.mode, compute time and straggler
+    (``scripts/soak_gossip.py --cli`` draws 50 for the note): each ends (hard timeout), exits
+    0 and writes a consistent dump with the run's M minibatches and its epoch tested."""
+    import random
+    import sys
+
+    sys.path.insert(0, str(QUICKSTART.parents[1] / "scripts"))
+    from soak_gossip import cli_run, draw_cli
+
+    rng = random.Random(1000 + n)
+    while (drawn := draw_cli(rng))[0] != n:
+        pass
+    what, _, why = cli_run(n, drawn[1], tmp_path, 240)
+    assert what == "ok", (drawn, why)
