@@ -52,8 +52,8 @@ Staleness
 Each learner counts its own steps; its vector clock (:class:`VectorClock`) holds, for every
 learner, the latest of that learner's steps mixed into its model (directly or through
 neighbours), merged elementwise by max at each exchange. The age of the neighbour model an
-exchange averaged with is ``own step − neighbour's step`` (:func:`age`; negative when the
-neighbour is ahead).
+exchange averaged with is ``max(0, own step − neighbour's step)`` (:func:`age`; the row keeps
+both step counts, so the signed difference is in the dump too).
 """
 
 from __future__ import annotations
@@ -158,8 +158,9 @@ class VectorClock:
 
 
 def age(own_step: int, partner_step: int) -> int:
-    """Age in steps of a neighbour's model averaged with ours (negative: it was ahead)."""
-    return own_step - partner_step
+    """Age in steps of a neighbour's model averaged with ours: how many steps fewer than ours
+    it had taken; 0 when it had taken as many or more (σ ≥ 0, as the shards' staleness)."""
+    return max(0, own_step - partner_step)
 
 
 def average(xp: Any, w: Any, other: Any) -> None:

@@ -89,7 +89,7 @@ def test_vector_clock_and_age():
     c.tick()
     c.merge([5, 0, 1])
     assert c.steps == [5, 2, 1] and c.own == 2
-    assert age(2, 5) == -3 and age(7, 3) == 4
+    assert age(2, 5) == 0 and age(7, 3) == 4 and age(3, 3) == 0
 
 
 def test_average_and_mean():

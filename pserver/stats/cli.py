@@ -73,6 +73,20 @@ def _staleness_lines(summary: dict[str, Any]) -> list[str]:
     return lines + format_histogram(st["histogram"])
 
 
+def _exchange_lines(summary: dict[str, Any]) -> list[str]:
+    """Learners-only runs: the staleness of what each exchange combined (``exchanges/``)."""
+    ex = summary.get("exchanges", {})
+    if not ex.get("count"):
+        return []
+    st = ex["staleness"]
+    return [
+        f"exchanges    {ex['count']}   ⟨σ⟩ {_fmt(st['mean'])}   min σ {_fmt(st['min'])}"
+        f"   max σ {_fmt(st['max'])}   mean wait {_fmt(ex['mean_wait_s'], '.3g')} s",
+        f"             p50 {_fmt(st['p50'])}   p90 {_fmt(st['p90'])}   p99 {_fmt(st['p99'])}",
+        *format_histogram(st["histogram"]),
+    ]
+
+
 def _learner_lines(learners: dict[int, dict[str, Any]]) -> list[str]:
     if not learners:
         return ["learners     (no learner rows)"]
@@ -110,6 +124,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{_fmt(upd.get('mean_gradients_per_update'), '.3g')}",
         f"gradients    {grads['count']}   applied {grads['applied']}   dropped {grads['dropped']}",
         *_staleness_lines(summary),
+        *_exchange_lines(summary),
         *_learner_lines(summary["learners"]),
     ]
     if "final_error" in test:

@@ -273,6 +273,19 @@ def _samples(dump: Dump, learners: dict[int, dict[str, Any]]) -> int | None:
     return None
 
 
+def _exchanges(dump: Dump) -> dict[str, Any]:
+    """The learners-only strategies' staleness (``exchanges/``: SYNC σ = 0, HYBRID σ = 1,
+    ADPSGD the age of the neighbour's model), next to the shards' gradient staleness."""
+    ex = dump.group("exchanges")
+    n = dump.rows("exchanges")
+    wait = ex.get("wait_time", np.zeros(0))[:n]
+    return {
+        "count": n,
+        "staleness": staleness_summary(ex.get("staleness", np.zeros(0))[:n]),
+        "mean_wait_s": float(wait.mean()) if wait.size else None,
+    }
+
+
 def summarize(dump: Dump) -> dict[str, Any]:
     """Everything ``pserver-stats summary`` reports, as a JSON-serialisable dict."""
     run_keys = (
@@ -294,6 +307,7 @@ def summarize(dump: Dump) -> dict[str, Any]:
         "run": {k: dump.attrs[k] for k in run_keys if k in dump.attrs},
         "updates": _updates(dump),
         "gradients": _gradients(dump),
+        "exchanges": _exchanges(dump),
         "learners": learners,
         "test": _test(dump),
         "wall_time": wall,
