@@ -25,6 +25,7 @@ from pserver.logs import setup_logging, wait_until_read
 from pserver.startup import agree, failure_message, outcome, status_of
 from pserver.strategies import PS, PS_OVERLAP, lookup
 from pserver.strategies.adpsgd import GOSSIP
+from pserver.strategies.collective import ALLREDUCE, ALLREDUCE_DELAYED
 from pserver.topology import Role
 
 
@@ -208,6 +209,18 @@ def ps_overlap_exchange() -> type:
     return OverlapExchange
 
 
+def allreduce_exchange() -> type:
+    from pserver.roles.allreduce import SyncExchange
+
+    return SyncExchange
+
+
+def hybrid_exchange() -> type:
+    from pserver.roles.hybrid import HybridExchange
+
+    return HybridExchange
+
+
 def gossip_exchange() -> type:
     from pserver.roles.gossip import GossipExchange
 
@@ -223,7 +236,13 @@ DRIVERS = {
     Role.STATS: stats_server,
 }
 #: A strategy's learner exchange (``pserver.strategies``, ``Strategy.exchanges``) -> its class.
-EXCHANGES = {PS: ps_exchange, PS_OVERLAP: ps_overlap_exchange, GOSSIP: gossip_exchange}
+EXCHANGES = {
+    PS: ps_exchange,
+    PS_OVERLAP: ps_overlap_exchange,
+    ALLREDUCE: allreduce_exchange,
+    ALLREDUCE_DELAYED: hybrid_exchange,
+    GOSSIP: gossip_exchange,
+}
 
 
 if __name__ == "__main__":

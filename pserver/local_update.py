@@ -23,9 +23,10 @@ from pserver.optim import make_updater, scheduled_lr
 
 
 def lr_scale(cfg: Config, n_learners: int) -> float:
-    """√(λμ/B) with B = ``protocol.ref_batch`` or μ when 0 (hardsync's factor)."""
+    """√(λμ/B) with B = μ: hardsync's factor at its default ``protocol.ref_batch = 0``
+    (a key of hardsync alone), so that SYNC and hardsync run one rule on one config."""
     batch = cfg.data.batch_size
-    return math.sqrt(n_learners * batch / (cfg.protocol.ref_batch or batch))
+    return math.sqrt(n_learners * batch / batch)
 
 
 class LocalUpdate:

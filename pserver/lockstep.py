@@ -23,7 +23,9 @@ Pure: no MPI, no arrays.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from pserver.config import Config
 from pserver.epochs import EpochCounter, EpochEnds
@@ -103,3 +105,25 @@ class DataQuota:
         if ok:
             self.served[learner] = self.served.get(learner, 0) + 1
         return ok
+
+
+class LockstepDraws:
+    """Which minibatch a lockstep learner gets: learner i's k-th is draw k·λ + i of the seeded
+    stream (``draw()``), whatever order the requests arrive in. A lockstep run is then a
+    function of the config and λ alone (every step sums draws kλ … kλ+λ-1, as one learner
+    with a λ-times larger minibatch would), not of timing; with λ = 1 it is the serial
+    stream. Draws taken ahead for a learner that has not asked yet wait here: at most
+    (prefetch + 1) · λ of them, as no learner gets more than a step and its prefetch ahead."""
+
+    def __init__(self, n_learners: int, draw: Callable[[], Any]) -> None:
+        self.n_learners, self.draw = n_learners, draw
+        self.pending: dict[int, Any] = {}
+        self.drawn = 0
+
+    def take(self, learner: int, k: int) -> Any:
+        """The indices of ``learner``'s ``k``-th minibatch (0-based)."""
+        want = k * self.n_learners + learner
+        while self.drawn <= want:
+            self.pending[self.drawn] = self.draw()
+            self.drawn += 1
+        return self.pending.pop(want)

@@ -47,18 +47,6 @@ STRATEGIES: dict[str, tuple[list[str], bool]] = {
     "async-ps": (["protocol.name=async"], True),
     "psp-partial-push": (["protocol.name=psp", "protocol.c={lam_1}"], True),
 }
-PS_KEYS = ("n =", "lr_policy =", 'name = "hardsync"')  # the quickstart's parameter-server keys
-
-
-def config_for(learners_only: bool, tmp: Path) -> Path:
-    """The quickstart, without its parameter-server keys for a learners-only strategy (they
-    would be refused as unused)."""
-    if not learners_only:
-        return QUICKSTART
-    path = tmp / "quickstart_learners_only.toml"
-    lines = [ln for ln in QUICKSTART.read_text().splitlines() if not ln.startswith(PS_KEYS)]
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def registered() -> set[str]:
@@ -124,13 +112,12 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                 log(f"{name}: not registered in this checkout (protocol.name); skipped")
                 continue
             servers = STRATEGIES[name][1]
-            config = config_for(not servers, Path(tmp))
             ranks = lam + 2 + (1 if servers else 0)  # + stats, data (+ one shard)
             base: dict[str, Any] | None = None
             for factor in args.factors:
                 out = Path(tmp) / f"{name}_{factor:g}"
                 extra = [f"run.out_dir={out}", *overrides(name, factor, args)]
-                launcher.run(ranks, [*cmd, str(config), *extra])
+                launcher.run(ranks, [*cmd, str(QUICKSTART), *extra])
                 row = {"strategy": name, "factor": factor, **figures(out / "stats.h5", args.epochs)}
                 if factor == 1:  # sorted first: the base of the ratios
                     base = row

@@ -13,7 +13,15 @@ from learners.serial import serial_steps
 from pserver.config import load_config
 from pserver.epochs import EpochCounter
 from pserver.local_update import LocalUpdate, lr_scale
-from pserver.lockstep import FREE, LOCKSTEP, DataQuota, RunPlan, lockstep_steps, total_minibatches
+from pserver.lockstep import (
+    FREE,
+    LOCKSTEP,
+    DataQuota,
+    LockstepDraws,
+    RunPlan,
+    lockstep_steps,
+    total_minibatches,
+)
 from pserver.optim import make_updater, scheduled_lr
 from pserver.topology import NO_SHARD, make_layout, split_blocks
 
@@ -113,3 +121,12 @@ def test_local_update_divides_a_sum_and_scales_like_hardsync():
     w = np.zeros(3)
     u.step(w, np.array([4.0, 8.0, 0.0]), epoch=0, divisor=4.0)
     assert np.array_equal(w, [-1.0, -2.0, 0.0]) and u.lr == 1.0
+
+
+def test_lockstep_draws_follow_the_stream_whatever_the_request_order():
+    counter = itertools.count()
+    draws = LockstepDraws(3, lambda: next(counter))
+    order = [(2, 0), (2, 1), (0, 0), (1, 0), (0, 1), (1, 1), (2, 2), (0, 2), (1, 2)]
+    got = {(i, k): draws.take(i, k) for i, k in order}
+    assert got == {(i, k): 3 * k + i for i, k in order}
+    assert draws.pending == {}

@@ -58,21 +58,10 @@ def test_server_shards_are_refused(tmp_path):
     assert "Traceback" not in res.output
 
 
-def quickstart_adpsgd(tmp_path):  # noqa: ANN001, ANN201 - Path -> Path
-    """The quickstart config with protocol.name = "adpsgd" and without its parameter-server
-    keys (``protocol.n``, ``protocol.lr_policy``: refused as unused by a learners-only run)."""
-    lines = [ln for ln in QUICKSTART.read_text().splitlines()
-             if not ln.startswith(("n =", "lr_policy =", "name = \"hardsync\""))]  # fmt: skip
-    text = "\n".join(lines).replace("[protocol]", '[protocol]\nname = "adpsgd"')
-    path = tmp_path / "quickstart_adpsgd.toml"
-    path.write_text(text)
-    return path
-
-
 @pytest.mark.parametrize("mode", ["thread", "nonblocking", "blocking"])
 def test_four_learners_learn_with_a_consistent_dump(tmp_path, mode):
     out = tmp_path / "out"
-    res = run_job(6, [str(quickstart_adpsgd(tmp_path)), f"run.out_dir={out}",
+    res = run_job(6, [str(QUICKSTART), 'protocol.name="adpsgd"', f"run.out_dir={out}",
                       "stats.progress=false", f"comm.mode={mode}"], 300)  # fmt: skip
     assert res.returncode == 0, res.output
     dump = load_dump(out / "stats.h5")

@@ -9,7 +9,9 @@ counts every minibatch, decides (``pserver.lockstep.DataQuota``): a request past
 answered with a stop, an empty minibatch (zero features, zero labels) on the same two tags, so
 the learner's receives match it as they match a minibatch. Lockstep strategies (SYNC, HYBRID)
 get ``S`` minibatches per learner, exactly the steps each takes (a learner that prefetched
-ahead cannot take a slower one's last), free-running ones (ADPSGD) share ``M`` in request order.
+ahead cannot take a slower one's last), learner i's k-th being draw kλ + i of the stream
+(``LockstepDraws``: the run does not depend on arrival order); free-running ones (ADPSGD)
+share ``M`` in request order.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 from pserver.comm.inbox import Inbox
 from pserver.context import Context
 from pserver.epochs import EpochCounter
-from pserver.lockstep import FREE, LOCKSTEP, DataQuota, total_minibatches
+from pserver.lockstep import FREE, LOCKSTEP, DataQuota, LockstepDraws, total_minibatches
 from pserver.strategies import lookup
 from pserver.wire import Tag, WireError
 
@@ -52,6 +54,9 @@ class DataServer:
         self.served = 0
         self.epochs = EpochCounter.from_config(ctx.cfg, ctx.train_size)
         self.quota = quota(ctx)
+        lockstep = self.quota is not None and self.quota.kind == LOCKSTEP
+        n = len(ctx.layout.learners)
+        self.draws = LockstepDraws(n, self.sampler.next) if lockstep else None
         self.stopped = 0  # requests answered with a stop
 
     def run(self) -> None:
@@ -68,11 +73,15 @@ class DataServer:
         self.ctx.log.debug("served %d minibatches, %d stops", self.served, self.stopped)
 
     def serve(self, dest: int) -> None:
-        if self.quota is not None and not self.quota.allows(self.ctx.layout.index(dest)):
+        learner = self.ctx.layout.index(dest)
+        if self.quota is not None and not self.quota.allows(learner):
             self.send(NO_X, NO_Y, dest)
             self.stopped += 1
             return
-        idx = self.sampler.next()
+        if self.draws is not None:  # learner i's k-th minibatch: draw kλ + i
+            idx = self.draws.take(learner, self.quota.served[learner] - 1)
+        else:
+            idx = self.sampler.next()
         np.take(self.X, idx, axis=0, out=self.xbuf)
         np.take(self.y, idx, out=self.ybuf)
         self.send(self.xbuf, self.ybuf, dest)

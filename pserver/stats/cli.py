@@ -60,7 +60,22 @@ def _fmt(value: Any, spec: str = ".4g") -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def _exchange_lines(ex: dict[str, Any]) -> list[str]:
+    """The learners-only strategies' staleness (``exchanges`` rows) and drift."""
+    st = ex["staleness"]
+    drift = f"   max drift |w_i - w_0| {_fmt(ex.get('max_drift'))}" if "max_drift" in ex else ""
+    return [
+        f"exchanges    {ex['count']}   wait {_fmt(ex.get('wait_time'), '.2f')} s{drift}",
+        f"staleness    ⟨σ⟩ over exchanges {_fmt(st['mean'])}   max σ {_fmt(st['max'])}   "
+        f"p50 {_fmt(st['p50'])}   p99 {_fmt(st['p99'])}",
+        *format_histogram(st["histogram"]),
+    ]
+
+
 def _staleness_lines(summary: dict[str, Any]) -> list[str]:
+    ex = summary.get("exchanges", {})
+    if ex.get("count") and not summary["gradients"]["count"]:  # a learners-only run
+        return _exchange_lines(ex)
     grads, upd = summary["gradients"], summary["updates"]
     st = grads["staleness"]
     lines = [
@@ -71,20 +86,6 @@ def _staleness_lines(summary: dict[str, Any]) -> list[str]:
     if "bound_2n" in grads:
         lines[-1] += f"   σ ≤ 2n = {grads['bound_2n']}: {100 * grads['fraction_within_2n']:.2f} %"
     return lines + format_histogram(st["histogram"])
-
-
-def _exchange_lines(summary: dict[str, Any]) -> list[str]:
-    """Learners-only runs: the staleness of what each exchange combined (``exchanges/``)."""
-    ex = summary.get("exchanges", {})
-    if not ex.get("count"):
-        return []
-    st = ex["staleness"]
-    return [
-        f"exchanges    {ex['count']}   ⟨σ⟩ {_fmt(st['mean'])}   min σ {_fmt(st['min'])}"
-        f"   max σ {_fmt(st['max'])}   mean wait {_fmt(ex['mean_wait_s'], '.3g')} s",
-        f"             p50 {_fmt(st['p50'])}   p90 {_fmt(st['p90'])}   p99 {_fmt(st['p99'])}",
-        *format_histogram(st["histogram"]),
-    ]
 
 
 def _learner_lines(learners: dict[int, dict[str, Any]]) -> list[str]:
@@ -124,7 +125,6 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{_fmt(upd.get('mean_gradients_per_update'), '.3g')}",
         f"gradients    {grads['count']}   applied {grads['applied']}   dropped {grads['dropped']}",
         *_staleness_lines(summary),
-        *_exchange_lines(summary),
         *_learner_lines(summary["learners"]),
     ]
     if "final_error" in test:

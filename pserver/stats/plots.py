@@ -13,7 +13,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from pserver.stats.reader import Dump
+from pserver.stats.reader import Dump, exchange_staleness
 
 MAX_LEGEND_ENTRIES = 12  # beyond this a legend hides the plot (Rudra ran 30-54 learners)
 
@@ -53,11 +53,8 @@ def plot_staleness(dump: Dump, path: Path) -> Path:
     applied = grads["update"][:n] != -1 if "update" in grads else np.ones(n, dtype=bool)
     stale = grads["staleness"][applied] if n else np.zeros(0, np.int64)
     learner = grads["learner"][applied] if n and "learner" in grads else np.zeros_like(stale)
-    what = "gradient staleness"
-    ex = dump.group("exchanges")
-    if stale.size == 0 and dump.rows("exchanges") and "staleness" in ex:
-        # learners-only: the age of what an exchange combined (SYNC 0, HYBRID 1, ADPSGD)
-        stale, learner, what = ex["staleness"], ex["learner"], "exchange staleness"
+    if stale.size == 0:  # a learners-only run: the exchanges' σ (issue 12)
+        stale, learner = exchange_staleness(dump)
     if stale.size == 0:
         _empty(ax, "gradients")
         mean_text = "n/a"
@@ -70,9 +67,9 @@ def plot_staleness(dump: Dump, path: Path) -> Path:
         ax.set_yscale("log")  # Rudra's tail (σ > 2n) is at probabilities below 1e-4
         mean_text = f"{stale.mean():.3f}"
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # σ is an integer
-    ax.set_xlabel(f"{what} σ")
+    ax.set_xlabel("gradient staleness σ")
     ax.set_ylabel("probability")
-    ax.set_title(f"{what} ({_run_label(dump)}): ⟨σ⟩ = {mean_text}")
+    ax.set_title(f"gradient staleness ({_run_label(dump)}): ⟨σ⟩ = {mean_text}")
     fig.savefig(path, dpi=120, bbox_inches="tight")
     return path
 

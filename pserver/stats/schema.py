@@ -189,7 +189,9 @@ class Exchange:
     partner: int = col("int32", "learner exchanged with; -1: all (an allreduce)")
     staleness: int = col("int32", "σ in steps: SYNC 0, HYBRID 1, ADPSGD the partner model's age")
     partner_step: int = col("int64", "the partner's step count (ADPSGD's vector clock); -1: none")
-    bytes: int = col("int64", "bytes exchanged (an allreduce's buffer; ADPSGD: the model sent)")
+    bytes: int = col(
+        "int64", "bytes of the array exchanged (an allreduce's buffer; ADPSGD: the model sent)"
+    )
     wait_time: float = col("float64", "s blocked on the exchange in this step")
     time: float = col("float64", "s since start")
 

@@ -4,7 +4,7 @@ liveness argument: ``pserver.gossip``; the exchange: ``pserver.roles.gossip``.""
 
 from __future__ import annotations
 
-from pserver.strategies import collective
+from pserver.strategies import collective as c
 from pserver.strategies.base import COLLECTIVE, Strategy
 
 GOSSIP = "gossip"  # the learner exchange (pserver.cli's EXCHANGES)
@@ -14,10 +14,13 @@ ADPSGD = Strategy(
     family=COLLECTIVE,
     summary="local update, then w ← (w + w')/2 with a ring neighbour (IBM ADPSGD)",
     protocol=None,
-    ranks=collective.RANKS,
+    # lr_policy "auto" | "none" (each learner applies its own gradient at α0), so that a
+    # parameter-server config switches by protocol.name alone, as to SYNC
+    shared=c.LOCKSTEP_SHARED,
+    ranks=c.RANKS,
     # thread: the paper's communication thread (a receiver answers while it computes);
     # blocking and nonblocking: exchanges progress in this learner's waits and step boundaries
     exchanges={"blocking": GOSSIP, "nonblocking": GOSSIP, "thread": GOSSIP},
-    checks=collective.CHECKS,
+    checks=(*c.CHECKS, c.check_lockstep_lr_policy),
     min_learners=2,
 )

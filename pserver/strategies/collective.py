@@ -17,13 +17,15 @@ from pserver.strategies.base import Config, Param, Ranks, Strategy
 ALLREDUCE = "allreduce"  # SYNC: sum the gradients, apply the average, every step
 ALLREDUCE_DELAYED = "allreduce-delayed"  # HYBRID: the same, one step late (in the comm engine)
 
+#: Exchanges that always run a communication thread (MPI_THREAD_MULTIPLE, whatever comm.mode).
+THREADED = frozenset({ALLREDUCE_DELAYED})
+
 RANKS = Ranks(servers=False)
 
-#: Keys shared by the lockstep strategies (SYNC, HYBRID): hardsync's learning-rate rule.
-LOCKSTEP_SHARED = (
-    Param("ref_batch", int, 0, ">= 0", help="B of the factor √(λμ/B); 0: μ"),
-    Param("lr_policy", str, "auto", help="learning-rate modulation by staleness"),
-)
+#: Keys shared by the lockstep strategies (SYNC, HYBRID). Their rate is hardsync's default
+#: α0·√λ (√(λμ/B) with B = μ, ``pserver.local_update.lr_scale``); ``lr_policy`` is accepted
+#: as "auto" or "none" so that a parameter-server config switches by ``protocol.name`` alone.
+LOCKSTEP_SHARED = (Param("lr_policy", str, "auto", help="learning-rate modulation by staleness"),)
 
 #: Keys that configure shards, aggregator or broadcast trees, or the shard transport.
 SHARD_KEYS = (
@@ -48,6 +50,11 @@ def check_learners_only(s: Strategy, cfg: Config) -> None:
         )
 
 
+def check_mode(s: Strategy, cfg: Config) -> None:
+    """A ``comm.mode`` the strategy has no exchange for is refused before training."""
+    s.exchange(cfg.comm.mode)
+
+
 def check_lockstep_lr_policy(s: Strategy, cfg: Config) -> None:
     """A lockstep step averages gradients of one age: no staleness to modulate by."""
     policy = cfg.protocol.lr_policy
@@ -59,4 +66,4 @@ def check_lockstep_lr_policy(s: Strategy, cfg: Config) -> None:
 
 
 #: Checks of every learners-only strategy.
-CHECKS = (check_learners_only,)
+CHECKS = (check_mode, check_learners_only)

@@ -1,0 +1,20 @@
+"""SYNC (IBM, Zhang et al., §3): every step, allreduce the learners' gradients and apply
+their average on every learner, with hardsync's learning-rate rule α0·√(λμ/B)."""
+
+from __future__ import annotations
+
+from pserver.strategies import collective as c
+from pserver.strategies.base import COLLECTIVE, Strategy
+
+SYNC = Strategy(
+    name="sync",
+    family=COLLECTIVE,
+    summary="allreduce every step's gradients, every learner applies their average (IBM SYNC)",
+    protocol=None,
+    shared=c.LOCKSTEP_SHARED,
+    ranks=c.RANKS,
+    exchanges={"blocking": c.ALLREDUCE, "nonblocking": c.ALLREDUCE, "thread": c.ALLREDUCE},
+    waits_for_update=True,
+    checks=(*c.CHECKS, c.check_lockstep_lr_policy),
+    lockstep=True,
+)
