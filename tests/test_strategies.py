@@ -188,3 +188,17 @@ def test_adpsgd_is_learners_only_and_needs_two_learners():
     assert s.family == COLLECTIVE and s.ranks == Ranks(servers=False)
     assert s.protocol is None and s.min_learners == 2 and not s.tree
     assert {s.exchange(m) for m in ("blocking", "nonblocking", "thread")} == {"gossip"}
+
+
+def test_adpsgd_in_every_mode_needs_thread_multiple():
+    from mpi4py import MPI
+
+    from pserver.context import THREAD_LEVELS, check_exchange_thread
+
+    levels = {name: getattr(MPI, name) for name in THREAD_LEVELS}
+    for mode in ("blocking", "nonblocking", "thread"):
+        cfg = load_config(None, ['protocol.name="adpsgd"', f'comm.mode="{mode}"'])
+        check_exchange_thread(cfg, levels["THREAD_MULTIPLE"], levels)
+        with pytest.raises(ConfigError, match="'adpsgd' runs its exchange in a communication "
+                           "thread .* needs MPI_THREAD_MULTIPLE"):  # fmt: skip
+            check_exchange_thread(cfg, levels["THREAD_SERIALIZED"], levels)

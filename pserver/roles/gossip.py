@@ -303,7 +303,7 @@ class GossipExchange:
             stage = StagingBuffers(ctx.backend, [weights.size] * 2, weights.dtype)
         self.gossip = Gossip(
             ctx.learner_comm, xp, self.waiter, weights, apply,
-            threaded=cfg.comm.mode == "thread", stage=stage, synchronize=ctx.backend.synchronize,
+            threaded=True, stage=stage, synchronize=ctx.backend.synchronize,  # every comm.mode
             now=ctx.now,
         )  # fmt: skip
         self.average = GossipModel(ctx, weights, self.gossip.lock)

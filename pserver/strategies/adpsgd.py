@@ -7,7 +7,7 @@ from __future__ import annotations
 from pserver.strategies import collective as c
 from pserver.strategies.base import COLLECTIVE, Strategy
 
-GOSSIP = "gossip"  # the learner exchange (pserver.cli's EXCHANGES)
+GOSSIP = c.GOSSIP  # the learner exchange (pserver.cli's EXCHANGES)
 
 ADPSGD = Strategy(
     name="adpsgd",
@@ -18,8 +18,9 @@ ADPSGD = Strategy(
     # parameter-server config switches by protocol.name alone, as to SYNC
     shared=c.LOCKSTEP_SHARED,
     ranks=c.RANKS,
-    # thread: the paper's communication thread (a receiver answers while it computes);
-    # blocking and nonblocking: exchanges progress in this learner's waits and step boundaries
+    # every mode runs the paper's communication thread (a receiver answers while it
+    # computes; without it a receiver answers between minibatches only and its senders wait
+    # for its compute), so it needs MPI_THREAD_MULTIPLE, as HYBRID (collective.THREADED)
     exchanges={"blocking": GOSSIP, "nonblocking": GOSSIP, "thread": GOSSIP},
     checks=(*c.CHECKS, c.check_lockstep_lr_policy),
     min_learners=2,
