@@ -284,3 +284,35 @@ def test_an_update_between_send_and_average_breaks_the_sum():
         if abs(sum(sim.w) - (sim.start_sum - sim.applied)) > 1e-9:
             broken += 1
     assert broken > 0
+
+
+def test_one_learners_own_steps_are_the_serial_reference_bit_for_bit():
+    """ADPSGD refuses λ = 1 (no neighbour), but its arithmetic without exchanges is the serial
+    reference's: the learner's own update (pserver.local_update) at the epoch ``local_epoch``
+    gives, over the serial minibatch stream, exactly ``learners.serial.train_serial``'s weights
+    (with the quickstart's momentum, weight decay and learning-rate milestones)."""
+    import numpy as np
+
+    from learners.data import BatchSampler, load_dataset
+    from learners.models import build_model
+    from learners.serial import train_serial
+    from pserver.config import load_config
+    from pserver.gossip import local_epoch
+    from pserver.local_update import LocalUpdate
+
+    cfg = load_config(None, ["optim.rule=momentum", "optim.weight_decay=1e-4",
+                             "optim.lr_milestones=[1, 2]", "model.kind=mlp", "model.hidden=[8]",
+                             "data.batch_size=64"])  # fmt: skip
+    data = load_dataset(cfg.data, cfg.run.seed)
+    steps = 3 * len(data.y_train) // 64  # three epochs: both milestones passed
+    want = train_serial(cfg, data, steps)
+    model = build_model(cfg.model, data.n_features, data.n_classes, np)
+    w = model.init_params(cfg.run.seed)
+    g = np.empty_like(w)
+    rule = LocalUpdate(cfg, w.size, np, w.dtype)
+    sampler = BatchSampler(len(data.y_train), 64, cfg.run.seed)
+    for step in range(steps):
+        idx = sampler.next()
+        model.loss_grad(w, data.X_train[idx], data.y_train[idx], g)
+        rule.step(w, g, local_epoch(step, 1, 64, len(data.y_train)))
+    assert np.array_equal(w, want)

@@ -49,6 +49,7 @@ from pserver.gossip import (
     VectorClock,
     age,
     average,
+    local_epoch,
 )  # fmt: skip
 
 CTRL, REPLY, MODEL = 41, 42, 43  # tags on the learners' communicator (no other user there)
@@ -296,7 +297,7 @@ class GossipExchange:
 
         def apply(w: Any, g: Any, step: int) -> None:
             # the epoch of this learner's step: λ learners at its pace took step·λ minibatches
-            rule.step(w, g, step * lam * batch // n_train)
+            rule.step(w, g, local_epoch(step, lam, batch, n_train))
 
         stage = None
         if staged(ctx.backend, cfg.comm.staging):
