@@ -4,8 +4,10 @@ The learners-only strategies (SYNC, HYBRID, ADPSGD; BMUF's local steps too) keep
 every learner and update it there, with the same rules, schedules and weight decay as a shard
 (``pserver.optim.make_updater``, ``scheduled_lr``): w ← step(w, Σg / divisor, α(epoch) · scale).
 ``divisor`` is how many gradients were summed (λ after an allreduce of gradients, 1 for a
-learner's own), ``scale`` the strategy's learning-rate factor (SYNC and HYBRID: hardsync's
-√(λμ/B), Rudra §III-B, so that the two families are comparable on one config).
+learner's own), ``scale`` a strategy's learning-rate factor (1 for SYNC and HYBRID: IBM §3,
+Fig. 3a, averages the λ learners' local updates W' = apply(W, g) at the learner's rate, which
+is one step at α0 with the averaged gradient; hardsync with ``protocol.ref_batch = λμ`` runs
+the same rule).
 
 With λ = 1, divisor 1 and scale 1 this is exactly the serial reference's step
 (``learners.serial.train_serial``): same updater, same rate, same operations.
@@ -15,18 +17,10 @@ Pure: no MPI; arrays of any backend (``xp``).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from pserver.config import Config
 from pserver.optim import make_updater, scheduled_lr
-
-
-def lr_scale(cfg: Config, n_learners: int) -> float:
-    """√(λμ/B) with B = μ: hardsync's factor at its default ``protocol.ref_batch = 0``
-    (a key of hardsync alone), so that SYNC and hardsync run one rule on one config."""
-    batch = cfg.data.batch_size
-    return math.sqrt(n_learners * batch / batch)
 
 
 class LocalUpdate:

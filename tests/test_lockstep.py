@@ -12,7 +12,7 @@ import pytest
 from learners.serial import serial_steps
 from pserver.config import load_config
 from pserver.epochs import EpochCounter
-from pserver.local_update import LocalUpdate, lr_scale
+from pserver.local_update import LocalUpdate
 from pserver.lockstep import (
     FREE,
     LOCKSTEP,
@@ -113,10 +113,9 @@ def test_local_update_is_the_servers_update(rule):
     assert np.array_equal(w_local, w_ref)
 
 
-def test_local_update_divides_a_sum_and_scales_like_hardsync():
+def test_local_update_divides_a_sum_and_scales():
     cfg = load_config(None, ['optim.rule="sgd"', "optim.weight_decay=0", "optim.lr=0.5",
                              "data.batch_size=4"])
-    assert lr_scale(cfg, 4) == 2.0  # √(λμ/B) with B = μ
     u = LocalUpdate(cfg, 3, np, np.float64, scale=2.0)
     w = np.zeros(3)
     u.step(w, np.array([4.0, 8.0, 0.0]), epoch=0, divisor=4.0)

@@ -59,12 +59,14 @@ def test_hybrid_one_learner_is_the_delayed_serial_reference_bit_for_bit(tmp_path
 
 def test_sync_equals_hardsync_on_the_same_minibatches(tmp_path):
     """Cross-family: λ = 3, every minibatch the whole training set (so every step's λ
-    minibatches are the same for both, whatever the arrival order), hardsync's default rate
-    α0·√(λμ/μ): SYNC's allreduce-then-local-update ends at hardsync's weights."""
+    minibatches are the same for both, whatever the arrival order at hardsync's data server),
+    the same rate α0 (hardsync's √(λμ/B) = 1 with B = λμ): SYNC's allreduce-then-local-update
+    ends at hardsync's weights."""
     n_train = len(load_dataset(load_config(QUICKSTART).data, 0).y_train)
     common = ("run.epochs=12", f"data.batch_size={n_train}", "data.prefetch=1")
     train(tmp_path / "sync", 5, "protocol.name=sync", *common)
-    train(tmp_path / "hardsync", 6, "protocol.name=hardsync", *common)
+    train(tmp_path / "hardsync", 6, "protocol.name=hardsync", f"protocol.ref_batch={3 * n_train}",
+          *common)
     w_sync, w_hard = final_weights(tmp_path / "sync"), final_weights(tmp_path / "hardsync")
     assert load_dump(tmp_path / "sync" / "stats.h5").rows("exchanges") == 3 * 4
     assert not np.allclose(w_sync, final_weights_init(common))  # training moved them
@@ -149,3 +151,48 @@ def test_stats_plot_shows_the_exchanges_staleness(tmp_path):
     assert summarize(dump)["exchanges"]["staleness"]["histogram"] == {
         0: 2, 1: dump.rows("exchanges") - 2,
     }
+
+
+def test_bench_collective_times_a_sync_step(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from mpirun import ROOT
+
+    out = tmp_path / "c.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_collective.py"), "--skip", "bandwidth",
+         "cpu", "--repeats", "1", "--reps", "2", "--sizes", "0.05", "--ranks", "2",
+         "--quiet-idle", "0", "--json", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SYNC allreduce" in proc.stdout
+    doc = json.loads(out.read_text())["sync"]
+    assert set(doc) == {"MPI_Allreduce", "SYNC allreduce", "SYNC step"}
+    assert all(v > 0 for v in doc.values())
+
+
+@pytest.mark.parametrize("name", ["sync", "hybrid"])
+def test_a_failing_learner_ends_the_job_while_the_others_wait_in_the_allreduce(tmp_path, name):
+    import socket
+
+    res = run_job(6, [str(QUICKSTART), f"run.out_dir={tmp_path}", f"protocol.name={name}",
+                      "inject.fail_learner=1", "inject.fail_step=3"], timeout=60)  # fmt: skip
+    assert res.returncode != 0
+    assert f"rank 3 (learner 1) on {socket.gethostname()} failed" in res.stderr, res.output
+    assert "failure injected at step 3" in res.stderr
+
+
+def test_staged_bucketed_allreduce_equals_the_direct_one(tmp_path):
+    """Item 7's CPU staging path (``comm.staging=always``: the pinned-buffer copies a GPU
+    array takes) with many small buckets gives the direct path's weights, λ = 3 (to rounding:
+    an MPI library may pick another summation order for another message size)."""
+    common = ("protocol.name=sync", "run.epochs=2")
+    train(tmp_path / "direct", 5, *common)
+    train(tmp_path / "staged", 5, *common, "comm.staging=always", "comm.bucket_mib=0.004")
+    np.testing.assert_allclose(
+        final_weights(tmp_path / "staged"), final_weights(tmp_path / "direct"), rtol=1e-5,
+        atol=1e-7,
+    )

@@ -69,6 +69,7 @@ class Gossip:
         self, comm: MPI.Comm, xp: Any, waiter: Waiter, w: Any, apply: Apply,
         *, threaded: bool, stage: Any = None, synchronize: Callable[[], None] = lambda: None,
         now: Callable[[], float] = time.perf_counter,
+        activate: Callable[[], None] = lambda: None,
     ) -> None:  # fmt: skip
         self.comm, self.xp, self.waiter, self.apply = comm, xp, waiter, apply
         self.me, n = comm.Get_rank(), comm.Get_size()
@@ -79,6 +80,9 @@ class Gossip:
         self.theirs = xp.empty_like(w)  # the neighbour's model
         self.answer = xp.empty_like(w)  # a receiver's answer (its model before averaging)
         self.stage, self.synchronize, self.now = stage, synchronize, now
+        # CUDA's current device is per thread: each thread that runs progress() (staging
+        # copies, averages) makes this rank's device current once (Backend.activate)
+        self.activate, self.activated = activate, threading.local()
         self.clock = VectorClock(n, self.me)
         self.engine = CommEngine(self.progress, waiter, threaded)
         self.lock: threading.Condition = self.engine.lock
@@ -160,6 +164,9 @@ class Gossip:
 
     def progress(self) -> bool:
         """Test what is in flight once; True when something completed."""
+        if not getattr(self.activated, "done", False):
+            self.activate()
+            self.activated.done = True
         return self.sender_progress() if self.role == SENDER else self.receiver_progress()
 
     def start(self, partner: int) -> None:
@@ -305,7 +312,7 @@ class GossipExchange:
         self.gossip = Gossip(
             ctx.learner_comm, xp, self.waiter, weights, apply,
             threaded=True, stage=stage, synchronize=ctx.backend.synchronize,  # every comm.mode
-            now=ctx.now,
+            now=ctx.now, activate=ctx.backend.activate,
         )  # fmt: skip
         self.average = GossipModel(ctx, weights, self.gossip.lock)
 

@@ -49,6 +49,7 @@ class HybridExchange:
         self.flight_step = self.flight_version = 0
         self.steps = 0
         self.have = {0: 0}
+        self.backend, self.on_device = ctx.backend, False
         self.engine = CommEngine(self.progress, self.waiter, threaded=True)  # any comm.mode
         self.engine.start()
 
@@ -56,7 +57,11 @@ class HybridExchange:
         self.model.records = records
 
     def progress(self) -> bool:
-        """The engine's test (under its lock): whether a bucket of the allreduce completed."""
+        """The engine's test (under its lock, on the communication thread alone): whether a
+        bucket of the allreduce completed."""
+        if not self.on_device:  # CUDA's current device is per thread: the staging copies of
+            self.backend.activate()  # later buckets run here, on this rank's device
+            self.on_device = True
         h = self.flight
         if h is None or h.done:
             return False

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from pserver.context import Context
-from pserver.local_update import LocalUpdate, lr_scale
+from pserver.local_update import LocalUpdate
 from pserver.lockstep import RunPlan
 from pserver.roles.drift import Drift
 from pserver.roles.model_report import ModelReport
@@ -28,8 +28,8 @@ class LockstepModel:
         self.index = ctx.layout.index(ctx.rank)
         self.waiter = ctx.waiter()
         self.plan = RunPlan.from_config(ctx.cfg, ctx.train_size, self.n_learners)
-        scale = lr_scale(ctx.cfg, self.n_learners)
-        self.update = LocalUpdate(ctx.cfg, weights.size, ctx.xp, weights.dtype, scale)
+        # IBM Fig. 3a: the average of λ local steps at α0 = one step at α0 with the average
+        self.update = LocalUpdate(ctx.cfg, weights.size, ctx.xp, weights.dtype)
         self.report = ModelReport(ctx, weights.dtype)
         self.drift = Drift(comm, ctx.backend, self.waiter, weights.size, weights.dtype)
         self.version = 0  # averaged gradients applied so far (the model's timestamp)

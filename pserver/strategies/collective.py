@@ -24,8 +24,8 @@ THREADED = frozenset({ALLREDUCE_DELAYED, GOSSIP})
 
 RANKS = Ranks(servers=False)
 
-#: Keys shared by the lockstep strategies (SYNC, HYBRID). Their rate is hardsync's default
-#: α0·√λ (√(λμ/B) with B = μ, ``pserver.local_update.lr_scale``); ``lr_policy`` is accepted
+#: Keys shared by the lockstep strategies (SYNC, HYBRID). Their rate is α0 (IBM Fig. 3a: the
+#: average of the learners' local steps; ``pserver.local_update``); ``lr_policy`` is accepted
 #: as "auto" or "none" so that a parameter-server config switches by ``protocol.name`` alone.
 LOCKSTEP_SHARED = (Param("lr_policy", str, "auto", help="learning-rate modulation by staleness"),)
 

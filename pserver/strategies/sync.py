@@ -1,5 +1,6 @@
-"""SYNC (IBM, Zhang et al., §3): every step, allreduce the learners' gradients and apply
-their average on every learner, with hardsync's learning-rate rule α0·√(λμ/B)."""
+"""SYNC (IBM, Zhang et al., §3, Fig. 3a): every step, allreduce the learners' gradients and
+apply their average on every learner at α0 (the average of the λ local steps W' = apply(W, g)
+that the paper averages; hardsync with ``protocol.ref_batch = λμ`` runs the same rule)."""
 
 from __future__ import annotations
 
