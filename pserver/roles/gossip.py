@@ -3,9 +3,11 @@
 The schedule, its liveness and termination arguments and the atomicity condition are in
 :mod:`pserver.gossip`; this module moves the bytes. One :class:`Gossip` per learner owns its
 model ``w`` and a :class:`~pserver.comm.engine.CommEngine` whose ``progress()`` drives the
-exchanges: in a communication thread (``comm.mode = "thread"``, the paper's design: a receiver
-answers while its main thread computes) or inside this learner's waits and once per step
-(``"nonblocking"`` and ``"blocking"``: a receiver answers at its step boundaries).
+exchanges: in a communication thread (``threaded``, the paper's design: a receiver answers while
+its main thread computes; :class:`GossipExchange` uses it in every ``comm.mode``) or, without
+one, inside this learner's waits and once per step (a receiver then answers at its step
+boundaries only; tested by tests/gossip_prog.py). The thread ends at :meth:`Gossip.close`;
+the goodbyes of :meth:`Gossip.finish` then drive progress in their own waits.
 
 Atomicity (the doubly stochastic mix, how it is guaranteed here): every read or write of ``w``
 — the snapshot the gradient is computed on, the local update, the averages — holds the
@@ -280,8 +282,8 @@ class GossipExchange:
     """The trainer's exchange for ``protocol.name = "adpsgd"`` (``pserver.roles.trainer``):
     ``weights()`` is a snapshot of the learner's model, ``gradient(g)`` the local update
     (the parameter-server path's rule, schedule and weight decay, applied here) followed by
-    the exchange, ``finish()`` the goodbyes. ``model`` is the learner's model (for the average
-    the statistics server tests)."""
+    the exchange, ``finish()`` the goodbyes, then the average model for the statistics server
+    (``pserver.roles.gossip_model``)."""
 
     freeze_after_weights = False
     relayed_bytes = 0  # weights forwarded for others: none (an exchange is one's own model)
@@ -315,10 +317,6 @@ class GossipExchange:
             now=ctx.now, activate=ctx.backend.activate,
         )  # fmt: skip
         self.average = GossipModel(ctx, weights, self.gossip.lock)
-
-    @property
-    def model(self) -> Any:
-        return self.gossip.w
 
     def attach(self, records: Any) -> None:
         """Where the ``exchanges`` rows go (the trainer's record buffer)."""
