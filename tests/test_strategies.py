@@ -188,6 +188,10 @@ def test_adpsgd_is_learners_only_and_needs_two_learners():
     assert s.family == COLLECTIVE and s.ranks == Ranks(servers=False)
     assert s.protocol is None and s.min_learners == 2 and not s.tree
     assert {s.exchange(m) for m in ("blocking", "nonblocking", "thread")} == {"gossip"}
+    with pytest.raises(ConfigError, match="lr_policy = 'mean' does not apply to adpsgd"):
+        load_config(None, ['protocol.name="adpsgd"', 'protocol.lr_policy="mean"'])
+    with pytest.raises(ConfigError, match="cluster.tree_fanout configures parameter-server"):
+        load_config(None, ['protocol.name="adpsgd"', "cluster.tree_fanout=2"])
 
 
 def test_adpsgd_in_every_mode_needs_thread_multiple():

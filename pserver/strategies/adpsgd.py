@@ -4,10 +4,22 @@ liveness argument: ``pserver.gossip``; the exchange: ``pserver.roles.gossip``.""
 
 from __future__ import annotations
 
+from pserver.errors import ConfigError
 from pserver.strategies import collective as c
-from pserver.strategies.base import COLLECTIVE, Strategy
+from pserver.strategies.base import COLLECTIVE, Config, Strategy
 
 GOSSIP = c.GOSSIP  # the learner exchange (pserver.cli's EXCHANGES)
+
+
+def check_lr_policy(s: Strategy, cfg: Config) -> None:
+    """A learner applies its own gradient at α0: there is no staleness to modulate by."""
+    policy = cfg.protocol.lr_policy
+    if policy not in ("auto", "none"):
+        raise ConfigError(
+            f"protocol.lr_policy = {policy!r} does not apply to adpsgd (each learner applies "
+            'its own gradient at optim.lr, then averages with a neighbour); use "auto" or "none"'
+        )
+
 
 ADPSGD = Strategy(
     name="adpsgd",
@@ -22,6 +34,6 @@ ADPSGD = Strategy(
     # computes; without it a receiver answers between minibatches only and its senders wait
     # for its compute), so it needs MPI_THREAD_MULTIPLE, as HYBRID (collective.THREADED)
     exchanges={"blocking": GOSSIP, "nonblocking": GOSSIP, "thread": GOSSIP},
-    checks=(*c.CHECKS, c.check_lockstep_lr_policy),
+    checks=(*c.CHECKS, check_lr_policy),
     min_learners=2,
 )
