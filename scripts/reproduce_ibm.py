@@ -185,7 +185,7 @@ def plot_fig6(rows: list[dict[str, Any]], path: Path, slow: int) -> None:
     ax.set_title("ADPSGD balances the workload (IBM Fig. 6)")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(runs[0]["minibatches"]))])
     ax.set_xticklabels([str(i) for i in range(len(runs[0]["minibatches"]))])
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(runs))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     log(f"Fig. 6 written to {path}")
