@@ -24,6 +24,7 @@ from pserver.errors import PeerLost, RunError
 from pserver.logs import setup_logging, wait_until_read
 from pserver.startup import agree, failure_message, outcome, status_of
 from pserver.strategies import LOCAL_STEPS, PS, PS_OVERLAP, lookup
+from pserver.strategies.adpsgd import GOSSIP
 from pserver.strategies.collective import ALLREDUCE, ALLREDUCE_DELAYED
 from pserver.topology import Role
 
@@ -227,6 +228,12 @@ def local_steps_exchange() -> type:
     return LocalStepsExchange
 
 
+def gossip_exchange() -> type:
+    from pserver.roles.gossip import GossipExchange
+
+    return GossipExchange
+
+
 #: Role -> a function (ctx, w0) -> the driver whose run() is the rank's whole life.
 DRIVERS = {
     Role.SERVER: server,
@@ -242,6 +249,7 @@ EXCHANGES = {
     LOCAL_STEPS: local_steps_exchange,
     ALLREDUCE: allreduce_exchange,
     ALLREDUCE_DELAYED: hybrid_exchange,
+    GOSSIP: gossip_exchange,
 }
 
 

@@ -110,6 +110,11 @@ def prepare(
     strategy = lookup(cfg.protocol.name)
     if strategy.protocol is not None:  # a shard protocol that cannot run with this λ fails here
         strategy.protocol(cfg, n_learners)
+    if n_learners < strategy.min_learners:
+        raise ConfigError(
+            f"protocol.name = {strategy.name!r} needs at least {strategy.min_learners} learners, "
+            f"this run has {n_learners}: add ranks or set cluster.learners"
+        )
     inject_plan(cfg).validate(len(layout.servers), n_learners)
     check_fail_learner(cfg, n_learners)
     check_blas_threads(cfg.run.blas_threads)
@@ -209,7 +214,8 @@ def check_thread_level(mode: str, provided: int, levels: dict[str, int] | None =
 
 def check_exchange_thread(cfg: Config, provided: int, levels: dict[str, int] | None = None) -> None:
     """An exchange that always runs a communication thread (HYBRID's, whatever ``comm.mode``:
-    its allreduce overlaps the next gradient) needs MPI_THREAD_MULTIPLE too (issue 12)."""
+    its allreduce overlaps the next gradient; ADPSGD's: a receiver answers while it computes)
+    needs MPI_THREAD_MULTIPLE too (issue 12)."""
     from pserver.strategies.collective import THREADED
 
     s = lookup(cfg.protocol.name)
@@ -222,8 +228,9 @@ def check_exchange_thread(cfg: Config, provided: int, levels: dict[str, int] | N
     if provided >= levels["THREAD_MULTIPLE"]:
         return
     got = {v: k for k, v in levels.items()}.get(provided, str(provided))
+    what = "allreduce" if s.name == "hybrid" else "exchange"  # ADPSGD: with a neighbour
     raise ConfigError(
-        f"protocol.name = {s.name!r} runs its allreduce in a communication thread while the "
+        f"protocol.name = {s.name!r} runs its {what} in a communication thread while the "
         f"next gradient is computed, so two threads call MPI at once, which needs "
         f"MPI_THREAD_MULTIPLE; this MPI library provides MPI_{got} (check "
         'MPI4PY_RC_THREAD_LEVEL and how the library was built), or use protocol.name = "sync"'

@@ -62,6 +62,7 @@ PURE = (
     "pserver.block_momentum",
     "pserver.local_rule",
     "pserver.bmuf_block",
+    "pserver.gossip",  # issue 12: ADPSGD's ring schedule, goodbyes, vector clock
 )
 IMPURE = ("mpi4py", "pserver.comm", "pserver.roles")
 

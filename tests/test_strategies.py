@@ -176,3 +176,32 @@ def test_layout_without_servers_for_a_learners_only_strategy():
     assert [layout.describe(r) for r in range(4)] == [
         "stats server", "data server", "learner 0", "learner 1"]
     assert [layout.index(r) for r in range(4)] == [0, 0, 0, 1]
+
+
+def test_adpsgd_is_learners_only_and_needs_two_learners():
+    from mpirun import QUICKSTART
+
+    cfg = load_config(QUICKSTART, ['protocol.name="adpsgd"'])  # switched by its name alone
+    assert cfg.cluster.servers == 0
+    s = lookup("adpsgd")
+    assert s.family == COLLECTIVE and s.ranks == Ranks(servers=False)
+    assert s.protocol is None and s.min_learners == 2 and not s.tree
+    assert {s.exchange(m) for m in ("blocking", "nonblocking", "thread")} == {"gossip"}
+    with pytest.raises(ConfigError, match="lr_policy = 'mean' does not apply to adpsgd"):
+        load_config(None, ['protocol.name="adpsgd"', 'protocol.lr_policy="mean"'])
+    with pytest.raises(ConfigError, match="cluster.tree_fanout configures parameter-server"):
+        load_config(None, ['protocol.name="adpsgd"', "cluster.tree_fanout=2"])
+
+
+def test_adpsgd_in_every_mode_needs_thread_multiple():
+    from mpi4py import MPI
+
+    from pserver.context import THREAD_LEVELS, check_exchange_thread
+
+    levels = {name: getattr(MPI, name) for name in THREAD_LEVELS}
+    for mode in ("blocking", "nonblocking", "thread"):
+        cfg = load_config(None, ['protocol.name="adpsgd"', f'comm.mode="{mode}"'])
+        check_exchange_thread(cfg, levels["THREAD_MULTIPLE"], levels)
+        with pytest.raises(ConfigError, match="'adpsgd' runs its exchange in a communication "
+                           "thread .* needs MPI_THREAD_MULTIPLE"):  # fmt: skip
+            check_exchange_thread(cfg, levels["THREAD_SERIALIZED"], levels)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from pserver.errors import ConfigError
+from pserver.strategies.adpsgd import ADPSGD
 from pserver.strategies.base import (
     BLOCK_MOMENTUM,
     FAMILIES,
@@ -36,7 +37,7 @@ __all__ = [
 ]
 
 REGISTRY: dict[str, Strategy] = {
-    s.name: s for s in (HARDSYNC, SOFTSYNC, ASYNC, PSP, SSP, BMUF, MA, SYNC, HYBRID)
+    s.name: s for s in (HARDSYNC, SOFTSYNC, ASYNC, PSP, SSP, BMUF, MA, SYNC, HYBRID, ADPSGD)
 }
 
 

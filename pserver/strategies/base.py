@@ -89,6 +89,8 @@ class Strategy:
     #: the shard block's arithmetic, by name (resolved by ``pserver.roles.shard_state``):
     #: "" is ``pserver.shard_block.ShardBlock``
     shard_block: str = ""
+    # the fewest learners it can run with (checked at start-up, when λ is known)
+    min_learners: int = 1
 
     def uses(self, key: str) -> bool:
         """Whether ``protocol.<key>`` means anything to this strategy."""

@@ -17,8 +17,10 @@ from pserver.strategies.base import Config, Param, Ranks, Strategy
 ALLREDUCE = "allreduce"  # SYNC: sum the gradients, apply the average, every step
 ALLREDUCE_DELAYED = "allreduce-delayed"  # HYBRID: the same, one step late (in the comm engine)
 
+GOSSIP = "gossip"  # ADPSGD: average with a ring neighbour, in a communication thread
+
 #: Exchanges that always run a communication thread (MPI_THREAD_MULTIPLE, whatever comm.mode).
-THREADED = frozenset({ALLREDUCE_DELAYED})
+THREADED = frozenset({ALLREDUCE_DELAYED, GOSSIP})
 
 RANKS = Ranks(servers=False)
 

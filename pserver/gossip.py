@@ -1,0 +1,184 @@
+"""ADPSGD's ring schedule and gossip arithmetic (IBM paper §3, Fig. 3b and Fig. 4), pure.
+
+Roles
+-----
+Learner ``i`` (0-based, λ learners) is an **active sender** when ``i`` is even and a
+**passive receiver** when it is odd (the paper's odd/even ids, 1-based). After each local
+update a sender starts one exchange with a neighbour, alternating its left and right neighbour
+(:meth:`Ring.partner`); a receiver never starts one: its communication thread answers whichever
+neighbour asks, one exchange at a time, in the order the requests arrive.
+
+The communication graph (:meth:`Ring.neighbours`) is the ring 0–1–…–(λ−1)–0 when λ is even.
+When λ is odd the ring has an odd cycle and cannot be two-coloured: the edge (λ−1, 0) would
+join two senders. That one edge is left out, so the graph is the path 0–1–…–(λ−1), which
+starts and ends with a sender (each of the two end senders has a single neighbour and
+"alternates" between it and itself). λ = 2 is the single edge 0–1.
+
+Liveness (no deadlock, every λ ≥ 2)
+-----------------------------------
+Every edge of the graph joins a sender and a receiver (bipartite by construction above).
+A sender waits only for the receiver it asked (the reply to its request). A receiver never
+waits for anyone to serve a request: the sender's weights were sent with its request, so
+answering takes only a send of its own weights and a local average. Hence in the wait-for
+graph every edge goes sender → receiver and no edge leaves a receiver: it has no cycle, so
+every wait ends (the paper: "bipartition … guarantees acyclic communication"). A receiver's
+main thread never waits on the exchange, and a receiver keeps answering while it computes
+(its communication thread), so a slow receiver delays a sender by one answer at most, never by
+its compute (straggler immunity, Table 3).
+
+Termination (goodbyes are messages)
+-----------------------------------
+A sender that has taken its last minibatch waits for its last exchange to complete, then sends
+a goodbye to each neighbour and leaves: after that completion no message of its receivers is
+on its way to it (a receiver only ever answers). A receiver leaves once it has taken its last
+minibatch **and** has a goodbye from every neighbour (:class:`Goodbyes`); until then it keeps
+answering. A sender's goodbye follows its last request on the same channel, which MPI keeps in
+order, so a request can never arrive after its sender's goodbye (checked: :class:`Goodbyes`
+raises). Each of those waits ends by the liveness argument above.
+
+Atomicity (the doubly stochastic mix)
+-------------------------------------
+The paper requires w_i ← (w_i + w_j)/2 on both sides with the **same** pair of models, so each
+exchange multiplies the stacked models by a doubly stochastic symmetric matrix (the sum of the
+models is unchanged). The exchange (``pserver.roles.gossip``) guarantees it so: a sender does
+not apply its next update until its exchange has completed (Fig. 3b: ``pull_weights`` before
+``apply``), so the model it sent is still its model when the answer is averaged in; a
+receiver's answer (snapshot of its model, then the average) and its own updates run under one
+lock, so no update falls between the snapshot it sends and the average it keeps. The gradients
+are computed on a snapshot taken under that lock (staleness ≥ 1, Table 1: "at best 1").
+
+Staleness
+---------
+Each learner counts its own steps; its vector clock (:class:`VectorClock`) holds, for every
+learner, the latest of that learner's steps mixed into its model (directly or through
+neighbours), merged elementwise by max at each exchange. The age of the neighbour model an
+exchange averaged with is ``max(0, own step − neighbour's step)`` (:func:`age`; the row keeps
+both step counts, so the signed difference is in the dump too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+SENDER = "sender"
+RECEIVER = "receiver"
+
+# message kinds of the gossip control channel (the first word of a gossip header)
+EXCHANGE = 1  # sender -> receiver: my weights follow; answer with yours
+ANSWER = 2  # receiver -> sender: my weights (before averaging) follow
+BYE = 3  # sender -> receiver: I start no more exchanges
+
+
+class GossipError(RuntimeError):
+    """A message that breaks the schedule (a request after a goodbye, from a non-neighbour)."""
+
+
+@dataclass(frozen=True)
+class Ring:
+    """The bipartite ring of ``size`` learners (see the module docstring)."""
+
+    size: int
+
+    def __post_init__(self) -> None:
+        if self.size < 2:
+            raise ValueError(f"ADPSGD needs at least 2 learners, not {self.size}")
+
+    def role(self, i: int) -> str:
+        return SENDER if i % 2 == 0 else RECEIVER
+
+    def neighbours(self, i: int) -> tuple[int, ...]:
+        """``i``'s neighbours, left first; the edge (λ−1, 0) is left out when λ is odd."""
+        n = self.size
+        left, right = (i - 1) % n, (i + 1) % n
+        cut = n % 2 == 1  # odd ring: (n-1, 0) would join two senders
+        out = []
+        if not (cut and i == 0):
+            out.append(left)
+        if not (cut and i == n - 1) and right not in out:
+            out.append(right)
+        return tuple(out)
+
+    def partner(self, i: int, k: int) -> int:
+        """The neighbour sender ``i`` exchanges with after its ``k``-th update (left, right, …)."""
+        if self.role(i) != SENDER:
+            raise ValueError(f"learner {i} is a receiver: it starts no exchange")
+        nb = self.neighbours(i)
+        return nb[k % len(nb)]
+
+    def edges(self) -> set[frozenset[int]]:
+        return {frozenset((i, j)) for i in range(self.size) for j in self.neighbours(i)}
+
+
+class Goodbyes:
+    """A receiver's book of the senders that may still ask it: it may leave once empty."""
+
+    def __init__(self, ring: Ring, me: int) -> None:
+        self.me = me
+        self.expected = set(ring.neighbours(me))
+        self.gone: set[int] = set()
+
+    def request(self, sender: int) -> None:
+        """A request from ``sender`` arrived: refuse one from a stranger or after its goodbye."""
+        if sender in self.gone:
+            raise GossipError(f"learner {self.me}: a request from {sender} after its goodbye")
+        if sender not in self.expected:
+            raise GossipError(f"learner {self.me}: a request from {sender}, not a neighbour")
+
+    def bye(self, sender: int) -> None:
+        if sender not in self.expected:
+            raise GossipError(f"learner {self.me}: a goodbye from {sender}, unexpected or twice")
+        self.expected.discard(sender)
+        self.gone.add(sender)
+
+    @property
+    def done(self) -> bool:
+        return not self.expected
+
+
+class VectorClock:
+    """Learner ``me``'s vector clock over ``size`` learners (see the module docstring)."""
+
+    def __init__(self, size: int, me: int) -> None:
+        self.me = me
+        self.steps = [0] * size
+
+    def tick(self) -> None:
+        """One local update applied."""
+        self.steps[self.me] += 1
+
+    @property
+    def own(self) -> int:
+        return self.steps[self.me]
+
+    def merge(self, other: Sequence[int]) -> None:
+        """The neighbour's clock (as it was when its model was taken) is now mixed into ours."""
+        self.steps = [max(a, int(b)) for a, b in zip(self.steps, other, strict=True)]
+
+
+def age(own_step: int, partner_step: int) -> int:
+    """Age in steps of a neighbour's model averaged with ours: how many steps fewer than ours
+    it had taken; 0 when it had taken as many or more (σ ≥ 0, as the shards' staleness)."""
+    return max(0, own_step - partner_step)
+
+
+def local_epoch(step: int, n_learners: int, batch: int, train_size: int) -> int:
+    """The (0-based) epoch of a learner's ``step`` for its learning-rate schedule: λ learners
+    at its pace have taken ``step·λ`` minibatches (λ = 1: the serial reference's epoch)."""
+    return step * n_learners * batch // train_size
+
+
+def average(xp: Any, w: Any, other: Any) -> None:
+    """w ← (w + w')/2 in place (IBM eq. 4, second line)."""
+    w += other
+    w *= 0.5
+
+
+def mean_models(models: Iterable[Any]) -> Any:
+    """The learners' average model (what the statistics server tests and the dump keeps)."""
+    models = list(models)
+    total = models[0].copy()
+    for m in models[1:]:
+        total += m
+    return total / len(models)

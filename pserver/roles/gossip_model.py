@@ -1,0 +1,101 @@
+"""ADPSGD's average model for the statistics server: an epoch's test and the final model.
+
+IBM tests the learners' average model. ADPSGD's learners run free (each at its own pace, the
+data server handing out the run's M minibatches in request order), so no step index ends an
+epoch on every learner at once. Each learner counts its **own** epochs: its step ``k`` is taken
+to complete ``(k + 1)·λ`` minibatches of the run, as it would were every learner at its pace
+(the same count its learning-rate schedule uses), and the shards' ``EpochCounter`` turns that
+count into the epochs ended and tested. For each tested epoch ``e`` before the last, every
+learner joins the ``e``-th non-blocking allreduce of its model (the sum, divided by λ: the
+average), with its model at the step that ended ``e`` for it — or, if its previous average is
+still in flight, at the step it is posted; a learner that stops before it reaches ``e`` (it got
+fewer minibatches: a straggler) joins with its final model. The last epoch's average is the
+final model: it is taken once every learner has finished training **and** gossiping
+(after :meth:`pserver.roles.gossip.Gossip.finish`), so it is the exact mean of the models. Learner
+0 sends the averages (:class:`pserver.roles.model_report.ModelReport`).
+
+Liveness: the allreduces are posted in the same order (epoch 1, 2, …, then the final one) on
+every learner, one at a time, and every learner posts all of them (the rest at its end), so each
+completes once the slowest learner has posted it. Training never waits on them: in flight they
+are tested at each step boundary; only :meth:`GossipModel.finish` waits, after the gossip's
+goodbyes, when no learner needs another's answer any more.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from pserver.comm.collectives import Allreducer, Handle
+from pserver.epochs import EpochCounter
+from pserver.lockstep import total_minibatches
+from pserver.roles.model_report import ModelReport
+
+
+class GossipModel:
+    """One learner's part in the epoch averages (see the module docstring)."""
+
+    def __init__(self, ctx: Any, weights: Any, lock: Any) -> None:
+        comm = ctx.learner_comm
+        self.ctx, self.xp, self.lock = ctx, ctx.xp, lock
+        self.lam = comm.Get_size()
+        self.last_epoch = ctx.cfg.run.epochs
+        self.total = total_minibatches(ctx.cfg, ctx.train_size)
+        self.counter = EpochCounter.from_config(ctx.cfg, ctx.train_size)
+        self.waiter = ctx.waiter()
+        self.buf = self.xp.empty_like(weights)
+        self.red = Allreducer(
+            comm, ctx.backend, self.waiter, weights.size, weights.dtype,
+            bucket_mib=ctx.cfg.comm.bucket_mib, staging=ctx.cfg.comm.staging,
+        )  # fmt: skip
+        self.report = ModelReport(ctx, weights.dtype)
+        self.due: deque[int] = deque()  # tested epochs (< the last) not yet averaged
+        self.inflight: tuple[int, int, Handle] | None = None  # epoch, step, handle
+
+    def stepped(self, w: Any, steps: int) -> None:
+        """After the learner's ``steps``-th update (main thread): the epochs it ended."""
+        ends = self.counter.advance(min(steps * self.lam, self.total))
+        self.due.extend(e for e in ends.tested if e < self.last_epoch)
+        self.poll(w, steps)
+
+    def poll(self, w: Any, steps: int) -> None:
+        """Report a completed average; post the next one due (never waits)."""
+        if self.inflight is not None and self.inflight[2].test():
+            self.reported()
+        if self.inflight is None and self.due:
+            with self.lock:  # a consistent model: no average of the gossip falls in the copy
+                self.xp.copyto(self.buf, w)
+            self.inflight = (self.due.popleft(), steps, self.red.start(self.buf))
+
+    def reported(self) -> None:
+        assert self.inflight is not None
+        epoch, steps, _ = self.inflight
+        self.xp.multiply(self.buf, 1.0 / self.lam, out=self.buf)
+        self.report.send(self.buf, epoch, steps)
+        self.inflight = None
+
+    def settle(self) -> None:
+        """Wait until the snapshots sent so far have reached the statistics server (learner 0;
+        the end of the run, where waiting is fine)."""
+        for snaps in self.report.snaps if self.report.sends else ():
+            while snaps.reqs or snaps.queued:
+                self.waiter.waitall(snaps.reqs, "the statistics server to take a model snapshot")
+                snaps.advance()  # the completed requests cleared, the next queued one posted
+
+    def finish(self, w: Any, steps: int) -> None:
+        """Every epoch still owed (with the final model), then the final average; the
+        statistics server gets the last epoch's test and the dump's final model from it."""
+        ends = self.counter.advance(self.total)
+        self.due.extend(e for e in ends.tested if e < self.last_epoch)
+        while self.inflight is not None or self.due:
+            if self.inflight is not None:
+                self.inflight[2].wait(f"the learners' average model of epoch {self.inflight[0]}")
+                self.settle()  # owed epochs come in a burst: none may find the queue full
+                self.reported()
+            self.poll(w, steps)
+        self.settle()
+        self.xp.copyto(self.buf, w)
+        self.red.start(self.buf).wait("the learners' final average model")
+        self.xp.multiply(self.buf, 1.0 / self.lam, out=self.buf)
+        self.report.send(self.buf, self.last_epoch, steps)
+        self.report.drain(self.buf, steps, self.waiter)
