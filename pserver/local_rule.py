@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 from pserver.config import OptimConfig
-from pserver.optim import make_updater, scheduled_lr
+from pserver.local_update import LocalUpdate
+from pserver.optim import scheduled_lr
 
 
 def block_epoch(block: int, n_learners: int, tau: int, batch_size: int, train_size: int) -> int:
@@ -30,7 +31,8 @@ def block_epoch(block: int, n_learners: int, tau: int, batch_size: int, train_si
 
 
 class LocalRule:
-    """``optim.rule`` on one learner's whole weight vector, restarted at every block."""
+    """``optim.rule`` on one learner's whole weight vector (a ``LocalUpdate``), restarted at every
+    block."""
 
     def __init__(
         self,
@@ -41,17 +43,24 @@ class LocalRule:
         blocks_per: tuple[int, int, int, int],
     ) -> None:
         """``blocks_per``: (λ, τ, batch size, training samples), for the epoch of a block."""
-        self.optim = optim
-        self.updater = make_updater(optim, size, xp, dtype)
+        self.local = LocalUpdate(optim, size, xp, dtype)
         self.blocks_per = blocks_per
-        self.lr = scheduled_lr(optim, 0)
+        self.epoch = 0
+
+    @property
+    def updater(self) -> Any:
+        return self.local.updater
+
+    @property
+    def lr(self) -> float:
+        """The rate the block's steps take (the schedule at the block's first epoch)."""
+        return scheduled_lr(self.local.optim, self.epoch)
 
     def start(self, block: int) -> None:
         """Block ``block`` begins: zero the optimizer state, take the block's learning rate."""
-        for state in self.updater.state_arrays().values():
-            state.fill(0)
-        self.lr = scheduled_lr(self.optim, block_epoch(block, *self.blocks_per))
+        self.local.reset()
+        self.epoch = block_epoch(block, *self.blocks_per)
 
     def step(self, w: Any, g: Any) -> None:
         """One local step, in place; ``g`` is clobbered."""
-        self.updater.step(w, g, self.lr)
+        self.local.step(w, g, self.epoch)

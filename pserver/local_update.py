@@ -19,16 +19,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from pserver.config import Config
+from pserver.config import OptimConfig
 from pserver.optim import make_updater, scheduled_lr
 
 
 class LocalUpdate:
     """One learner's updater over its whole flat model (one block: the learner owns it all)."""
 
-    def __init__(self, cfg: Config, size: int, xp: Any, dtype: Any, scale: float = 1.0) -> None:
-        self.optim, self.xp, self.scale = cfg.optim, xp, scale
-        self.updater = make_updater(cfg.optim, size, xp, dtype)
+    def __init__(
+        self, optim: OptimConfig, size: int, xp: Any, dtype: Any, scale: float = 1.0
+    ) -> None:
+        self.optim, self.xp, self.scale = optim, xp, scale
+        self.updater = make_updater(optim, size, xp, dtype)
         self.lr = 0.0  # the rate of the last step (for the ``updates`` row)
 
     def step(self, w: Any, g: Any, epoch: int, divisor: float = 1.0) -> None:
@@ -38,3 +40,8 @@ class LocalUpdate:
             self.xp.multiply(g, 1.0 / divisor, out=g)
         self.lr = scheduled_lr(self.optim, epoch) * self.scale
         self.updater.step(w, g, self.lr)
+
+    def reset(self) -> None:
+        """Zero the optimizer state (velocity, sum of squares): a fresh start from new weights."""
+        for state in self.updater.state_arrays().values():
+            state.fill(0)

@@ -187,7 +187,7 @@ def worker_sync(args: argparse.Namespace) -> dict[str, Any]:
     w = np.zeros_like(g)
     red = Allreducer(comm, backend, waiter, g.size, g.dtype, bucket_mib=cfg.comm.bucket_mib,
                      in_flight=DEFAULT_IN_FLIGHT, staging=cfg.comm.staging)  # fmt: skip
-    update = LocalUpdate(cfg, g.size, np, g.dtype)
+    update = LocalUpdate(cfg.optim, g.size, np, g.dtype)
 
     def step() -> None:
         red.start(g).wait()

@@ -309,7 +309,7 @@ def test_one_learners_own_steps_are_the_serial_reference_bit_for_bit():
     model = build_model(cfg.model, data.n_features, data.n_classes, np)
     w = model.init_params(cfg.run.seed)
     g = np.empty_like(w)
-    rule = LocalUpdate(cfg, w.size, np, w.dtype)
+    rule = LocalUpdate(cfg.optim, w.size, np, w.dtype)
     sampler = BatchSampler(len(data.y_train), 64, cfg.run.seed)
     for step in range(steps):
         idx = sampler.next()

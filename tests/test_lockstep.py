@@ -104,7 +104,7 @@ def test_local_update_is_the_servers_update(rule):
     rng = np.random.default_rng(0)
     w0 = rng.standard_normal(50).astype(np.float32)
     w_local, w_ref = w0.copy(), w0.copy()
-    local = LocalUpdate(cfg, 50, np, np.float32)
+    local = LocalUpdate(cfg.optim, 50, np, np.float32)
     ref = make_updater(cfg.optim, 50, np, np.float32)
     for step in range(6):
         g = rng.standard_normal(50).astype(np.float32)
@@ -116,7 +116,7 @@ def test_local_update_is_the_servers_update(rule):
 def test_local_update_divides_a_sum_and_scales():
     cfg = load_config(None, ['optim.rule="sgd"', "optim.weight_decay=0", "optim.lr=0.5",
                              "data.batch_size=4"])
-    u = LocalUpdate(cfg, 3, np, np.float64, scale=2.0)
+    u = LocalUpdate(cfg.optim, 3, np, np.float64, scale=2.0)
     w = np.zeros(3)
     u.step(w, np.array([4.0, 8.0, 0.0]), epoch=0, divisor=4.0)
     assert np.array_equal(w, [-1.0, -2.0, 0.0]) and u.lr == 1.0

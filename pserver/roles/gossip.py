@@ -301,7 +301,8 @@ class GossipExchange:
         self.grad = xp.empty_like(weights)
         self.have: dict[int, int] = {}
         self.records: Any = None
-        rule = LocalUpdate(cfg, weights.size, xp, weights.dtype)  # scale 1: one's own gradient
+        # scale 1: one's own gradient
+        rule = LocalUpdate(cfg.optim, weights.size, xp, weights.dtype)
         lam, batch, n_train = ctx.learner_comm.Get_size(), cfg.data.batch_size, ctx.train_size
 
         def apply(w: Any, g: Any, step: int) -> None:

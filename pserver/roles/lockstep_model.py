@@ -29,7 +29,7 @@ class LockstepModel:
         self.waiter = ctx.waiter()
         self.plan = RunPlan.from_config(ctx.cfg, ctx.train_size, self.n_learners)
         # IBM Fig. 3a: the average of λ local steps at α0 = one step at α0 with the average
-        self.update = LocalUpdate(ctx.cfg, weights.size, ctx.xp, weights.dtype)
+        self.update = LocalUpdate(ctx.cfg.optim, weights.size, ctx.xp, weights.dtype)
         self.report = ModelReport(ctx, weights.dtype)
         self.drift = Drift(comm, ctx.backend, self.waiter, weights.size, weights.dtype)
         self.version = 0  # averaged gradients applied so far (the model's timestamp)
