@@ -30,6 +30,11 @@ USER_ERRORS = (Exception, SystemExit)
 def split_spec(spec: str) -> tuple[str, str]:
     """``"a/b.py:f"`` -> ("a/b.py", "f"); ``"pkg.mod:f"``, ``"pkg.mod.f"`` -> ("pkg.mod", "f")."""
     spec = spec.strip()
+    if spec.endswith(".py"):
+        raise ConfigError(
+            f"model.module = {spec!r}: name the function or class in the file that builds the "
+            f'model, e.g. "{spec}:build"'
+        )
     where, sep, name = spec.rpartition(":")
     if not sep:  # "pkg.mod.f"
         where, _, name = spec.rpartition(".")
