@@ -85,14 +85,23 @@ def batches(ds: Any, batch: int, n: int) -> list[tuple[Any, Any]]:
     return out
 
 
-def per_step(fn: Any, data: list[tuple[Any, Any]], warmup: int) -> float:
-    """Seconds per call of ``fn(X, y)`` over ``data``, the first ``warmup`` calls left out."""
-    for X, y in data[:warmup]:
-        fn(X, y)
-    t = time.perf_counter()
-    for X, y in data[warmup:]:
-        fn(X, y)
-    return (time.perf_counter() - t) / max(len(data) - warmup, 1)
+def per_step(steps: dict[str, Any], data: list[tuple[Any, Any]], warmup: int,
+             window: int = 10) -> dict[str, float]:
+    """Seconds per call of each ``fn(X, y)`` of ``steps`` over ``data`` (the first ``warmup``
+    calls of each left out), the functions taking turns every ``window`` minibatches so that a
+    change in the machine's load hits them alike."""
+    for fn in steps.values():
+        for X, y in data[:warmup]:
+            fn(X, y)
+    spent = dict.fromkeys(steps, 0.0)
+    timed = data[warmup:]
+    for a in range(0, len(timed), window):
+        for name, fn in steps.items():
+            t = time.perf_counter()
+            for X, y in timed[a : a + window]:
+                fn(X, y)
+            spent[name] += time.perf_counter() - t
+    return {name: v / max(len(timed), 1) for name, v in spent.items()}
 
 
 def plain_step(model: str, ds: Any, dtype: str, lr: float = 0.05) -> Any:
@@ -152,8 +161,8 @@ def in_process(args: argparse.Namespace, model: str) -> dict[str, float]:
              "trainer": trainer_step(model, ds, args.dtype)}
     times: dict[str, list[float]] = {k: [] for k in steps}
     for _ in range(args.repeats):
-        for name, fn in steps.items():  # interleaved: the machine's load hits both alike
-            times[name].append(per_step(fn, data, args.warmup))
+        for name, t in per_step(steps, data, args.warmup).items():
+            times[name].append(t)
     return {k: median(v) for k, v in times.items()}
 
 
