@@ -34,3 +34,32 @@ def train_serial(cfg: Config, dataset: Dataset, steps: int | None = None) -> np.
         model.loss_grad(w, dataset.X_train[idx], dataset.y_train[idx], grad)
         updater.step(w, grad, scheduled_lr(cfg.optim, step * batch // n_train))
     return w
+
+
+def train_serial_predicted(
+    cfg: Config, dataset: Dataset, predict_steps: int = 0, steps: int | None = None
+) -> np.ndarray:
+    """Momentum SGD whose gradients are computed on PP-ASGD's prediction (Sato et al. eq. (2))
+    f_S(w, M) = w + M·Σ_{s=1}^{S+1} μ^s of the current weights, S = ``predict_steps``: what
+    a server with ``protocol.predict`` and one blocking learner (σ = 0, so S = 0 measured)
+    computes. The update path is plain ``optim.rule`` momentum; only the point the gradient is
+    taken at moves (S = 0: Nesterov's look-ahead w + μM, the paper's Algorithm 4, line 15).
+    Returns w, never the prediction."""
+    from pserver.prediction import Predictor
+
+    model = build_model(cfg.model, dataset.n_features, dataset.n_classes, np)
+    w = model.init_params(cfg.run.seed)
+    grad, served = np.empty_like(w), np.empty_like(w)
+    sampler = BatchSampler(len(dataset.y_train), cfg.data.batch_size, cfg.run.seed)
+    updater = make_updater(cfg.optim, model.n_params, np, w.dtype)
+    velocity = updater.state_arrays()["velocity"]
+    predictor = Predictor(cfg.optim.rule, cfg.optim.momentum, predict_steps, 0, w.size)
+    n_train, batch = len(dataset.y_train), cfg.data.batch_size
+    for step in range(serial_steps(cfg, n_train) if steps is None else steps):
+        idx = sampler.next()
+        model.loss_grad(predictor.serve(w, velocity, served), dataset.X_train[idx],
+                        dataset.y_train[idx], grad)  # fmt: skip
+        lr = scheduled_lr(cfg.optim, step * batch // n_train)
+        updater.step(w, grad, lr)
+        predictor.after_update(step + 1, 0.0, lr, w, velocity)
+    return w

@@ -59,7 +59,7 @@ class ProtocolConfig:
 
     name: str = "hardsync"
     n: int = 1  # softsync: update after floor(lambda / n) gradients
-    lr_policy: str = "auto"  # none | mean | per-gradient | auto (hardsync: none, softsync: mean)
+    lr_policy: str = "auto"  # none, mean, per-gradient, nominal; auto: none (hardsync), mean
     ref_batch: int = 0  # B of sqrt(lambda*mu/B) for hardsync; 0 means data.batch_size
     c: int = 0  # psp: gradients a block aggregates before it may update (0: all λ learners)
     tau1: float = 0.0  # psp: seconds a block waits for more gradients after the c-th
@@ -67,6 +67,10 @@ class ProtocolConfig:
     pull_fraction: float = 1.0  # partial pulling: start computing once this share of blocks is in
     tau2: float = 0.0  # partial pulling: seconds to wait for more blocks after that share
     pull_timestamp: str = "auto"  # auto | iteration | block: what a push's round is (rounds.py)
+    # PP-ASGD (pserver/prediction.py): pulls get f_S(w, M) = w + M·Σ_{s=1}^{S+1} μ^s, not w
+    predict: bool = False
+    predict_steps: int = -1  # S; -1: ⌊running mean of the measured staleness⌋
+    predict_probe: int = 50  # updates between prediction-error probes (0: none)
 
 
 @dataclass
@@ -143,6 +147,8 @@ class InjectConfig:
     freeze_step: int = 0  # ... after its push (and pull request) of this minibatch
     freeze_time: float = 0.0
     fail_step: int = 0  # ... at this minibatch
+    # issue 15: seconds added per sample of the minibatch (compute that grows with μ, Rudra §V-B)
+    compute_per_sample: float = 0.0
 
 
 @dataclass
@@ -181,7 +187,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "run.log_level": ("debug", "info", "warning", "error"),
     "run.epoch_basis": ("applied", "computed"),
     "protocol.name": strategies.names(),
-    "protocol.lr_policy": ("auto", "none", "mean", "per-gradient"),
+    "protocol.lr_policy": ("auto", "none", "mean", "per-gradient", "nominal"),
     "protocol.pull_timestamp": ("auto", "iteration", "block"),
     "optim.rule": ("sgd", "momentum", "nesterov", "adagrad"),
     "model.kind": ("softmax", "mlp", "null", "cnn", "torch", "python"),
@@ -228,6 +234,7 @@ NON_NEGATIVE = {
     "run.seed",
     "inject.compute_time",
     "inject.fail_step",
+    "inject.compute_per_sample",
 }
 # the bounds of the strategies' own keys (protocol.n > 0, protocol.c >= 0, ...)
 POSITIVE |= {f"protocol.{k}" for k, p in strategies.params().items() if p.bound == "> 0"}
@@ -470,4 +477,5 @@ def inject_plan(cfg: Config) -> InjectPlan:
         slow_server=i.slow_server, server_factor=i.server_factor, slow_learner=i.slow_learner,
         learner_factor=i.learner_factor, compute_time=i.compute_time,
         freeze_learner=i.freeze_learner, freeze_step=i.freeze_step, freeze_time=i.freeze_time,
+        compute_per_sample=i.compute_per_sample,
     )

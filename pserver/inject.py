@@ -50,6 +50,8 @@ class InjectPlan:
     * ``slow_learner``, ``learner_factor``: learner ``slow_learner`` computes ``learner_factor``
       times longer (-1: none).
     * ``compute_time``: seconds of emulated compute per minibatch (an idle accelerator).
+    * ``compute_per_sample``: seconds more per sample of the minibatch, so that emulated compute
+      grows with the minibatch size μ as GEMM time does on Rudra's learners (§V-B).
     * ``freeze_learner``, ``freeze_step``, ``freeze_time``: learner ``freeze_learner`` sleeps
       ``freeze_time`` seconds in minibatch ``freeze_step`` while a pull of it is out (blocking:
       after its push and pull request; overlapped: after posting its long poll, before the
@@ -68,6 +70,7 @@ class InjectPlan:
     freeze_learner: int = -1
     freeze_step: int = 0
     freeze_time: float = 0.0
+    compute_per_sample: float = 0.0
 
     def pull_delay_for(self, server: int, learner: int, request_index: int) -> float:
         """Extra seconds before ``server`` answers ``learner``'s ``request_index``-th pull."""
@@ -76,10 +79,10 @@ class InjectPlan:
         u = uniform(self.seed, server, learner, request_index)
         return self.pull_delay if u < self.pull_delay_prob else 0.0
 
-    def compute_time_for(self, learner: int) -> float:
-        """Emulated compute seconds per minibatch of ``learner``."""
+    def compute_time_for(self, learner: int, samples: int = 0) -> float:
+        """Emulated compute seconds of a minibatch of ``samples`` samples of ``learner``."""
         factor = self.learner_factor if learner == self.slow_learner else 1.0
-        return self.compute_time * factor
+        return (self.compute_time + self.compute_per_sample * samples) * factor
 
     def freeze_for(self, learner: int, step: int) -> float:
         """Seconds ``learner`` stops after the push of minibatch ``step`` (usually 0)."""
@@ -104,7 +107,7 @@ class InjectPlan:
                 f"inject.pull_delay_prob = {self.pull_delay_prob!r}: expected a probability"
                 " in [0, 1]"
             )
-        for name in ("pull_delay", "compute_time", "freeze_time"):
+        for name in ("pull_delay", "compute_time", "freeze_time", "compute_per_sample"):
             if getattr(self, name) < 0.0:
                 raise ConfigError(f"inject.{name} = {getattr(self, name)!r}: expected seconds >= 0")
         for name in ("server_factor", "learner_factor"):

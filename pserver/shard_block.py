@@ -8,6 +8,11 @@ to ``apply``, with the buffer the new weights go to when pulls still read the cu
 (copy-on-write of ``pserver.versions``). ``serve`` is the model pulls receive: w itself here,
 the hook where another strategy produces a different model (a filtered or predicted one).
 
+PP-ASGD (``protocol.predict``, ``pserver.prediction``): ``serve`` writes the predicted weights
+f_S(w, M) (Sato et al. eq. (2)) into the buffer it is given, never into ``w``; ``apply`` updates
+the measured staleness S̄ and the S served next, and ends or starts an error probe (``Applied``).
+The tests and the final model read ``w``.
+
 Zero copy: the round's first gradient with weight 1 is not copied into the accumulator; it stays
 ``held`` where it arrived (``recv`` or the learner's shared slot), and a round of one gradient
 (async, one learner) updates straight from there. A second gradient moves it out of ``recv``
@@ -28,6 +33,7 @@ from typing import Any
 from pserver.config import Config, OptimConfig
 from pserver.epochs import EpochCounter, EpochEnds
 from pserver.optim import make_updater, scheduled_lr
+from pserver.prediction import Predictor, ProbeResult
 from pserver.protocols import make_protocol
 from pserver.protocols.base import Arrival, GradientDecision, Protocol, UpdateDecision
 
@@ -47,6 +53,8 @@ class Applied:
 
     decision: UpdateDecision
     lr: float  # the learning rate of the step: α(epoch) · lr_scale
+    steps: int = -1  # PP-ASGD: the S the new weights are served with (-1: no prediction)
+    probe: ProbeResult | None = None  # PP-ASGD: the error probe that ended at this update
 
 
 class ShardBlock:
@@ -72,11 +80,24 @@ class ShardBlock:
         self.dropped = 0  # gradients the protocol refused
         self.in_round = 0  # gradients accumulated this round
         self.done = False
+        self.predictor: Predictor | None = None  # PP-ASGD (``predicting``)
+        self.predicted: Any = None  # where ``serve()`` writes the prediction without ``out``
+
+    def predicting(self, fixed_steps: int, probe_every: int) -> None:
+        """Serve f_S(w, M) from now on (``protocol.predict``; the rule has a velocity)."""
+        o = self.optim
+        self.predictor = Predictor(
+            o.rule, o.momentum, fixed_steps, probe_every, self.w.size, self.xp
+        )
+
+    @property
+    def velocity(self) -> Any:
+        return self.updater.state_arrays()["velocity"]
 
     @classmethod
     def build(cls, w: Any, cfg: Config, n_learners: int, train_size: int, xp: Any) -> ShardBlock:
         """The block of weights ``w`` under ``cfg``'s protocol, update rule and epochs."""
-        return cls(
+        block = cls(
             w,
             make_protocol(cfg, n_learners),
             make_updater(cfg.optim, w.size, xp, w.dtype),
@@ -84,6 +105,9 @@ class ShardBlock:
             EpochCounter.from_config(cfg, train_size),
             xp,
         )
+        if cfg.protocol.predict:
+            block.predicting(cfg.protocol.predict_steps, cfg.protocol.predict_probe)
+        return block
 
     def inbox(self) -> Any:
         """The buffer to receive the next gradient in, after moving a held one out of it."""
@@ -151,7 +175,12 @@ class ShardBlock:
         self.updater.step(self.w, g, lr)
         self.ts, self.in_round, self.held = decision.new_timestamp, 0, None
         self.applied += len(decision.vector_clock)
-        return Applied(decision, lr)
+        if self.predictor is None:
+            return Applied(decision, lr)
+        probe = self.predictor.after_update(
+            self.ts, decision.mean_staleness, lr, self.w, self.velocity
+        )
+        return Applied(decision, lr, self.predictor.steps, probe)
 
     def epoch_ends(self) -> EpochEnds:
         """The epochs ended by the gradients counted so far; marks the block done at the end."""
@@ -162,6 +191,12 @@ class ShardBlock:
     def serve(self, out: Any = None) -> Any:
         """The model pulls receive: ``w`` (or a copy of it in ``out``). A strategy that serves
         another model (BMUF's filtered one, PP-ASGD's prediction) produces it here."""
+        if self.predictor is not None:  # f_S(w, M) into out, or a buffer of our own
+            if out is None:
+                if self.predicted is None:
+                    self.predicted = self.xp.empty_like(self.w)
+                out = self.predicted
+            return self.predictor.serve(self.w, self.velocity, out)
         if out is None:
             return self.w
         self.xp.copyto(out, self.w)

@@ -128,3 +128,27 @@ def test_a_shards_later_blocks_may_decide_apart_but_servers_updates_is_the_highe
     assert breach(lambda d: second_block(d, 2)) == []
     problems = breach(lambda d: second_block(d, 4))
     assert problems == ["servers/updates of shard 0 is 3, its highest block timestamp 4"]
+
+
+def with_predictions(d: Dump, error: float | None = None) -> Dump:
+    """PP-ASGD rows for ``consistent()``: S = 1 served at each update, one probe from t = 1."""
+    mu, dd, dm, mm = 0.9, 2.0, 1.0, 1.5
+    a = mu + mu * mu
+    d.groups["predictions"] = {"shard": np.zeros(3, I32), "timestamp": np.array([1, 2, 3], I64),
+                               "steps": np.ones(3, I32), "staleness_mean": np.full(3, 1.5)}
+    d.groups["prediction_errors"] = {
+        "shard": np.zeros(1, I32), "block": np.zeros(1, I32), "origin": np.array([1], I64),
+        "steps": np.ones(1, I32), "horizon": np.array([2], I64), "dd": np.array([dd]),
+        "dm": np.array([dm]), "mm": np.array([mm]), "momentum": np.array([mu]),
+        "error": np.array([error if error is not None else (dd - 2 * a * dm + a * a * mm) ** 0.5]),
+    }
+    return d
+
+
+def test_prediction_rows_are_checked() -> None:
+    assert check_dump(with_predictions(consistent())) == []
+    bad = check_dump(with_predictions(consistent(), error=0.1))
+    assert bad == ["prediction_errors/error is not √(dd − 2a·dm + a²·mm)"]
+    d = with_predictions(consistent())
+    d.groups["predictions"]["timestamp"] = np.array([1, 2, 2], I64)
+    assert check_dump(d) == ["shard 0: predictions/ rows are not one per update"]

@@ -131,3 +131,15 @@ def test_validate_checks_ranks_when_counts_are_given() -> None:
         InjectPlan(slow_server=7).validate(n_servers=4)
     with pytest.raises(ConfigError, match=r"inject.slow_learner = 2: .* one of learners 0..1"):
         InjectPlan(slow_learner=2).validate(n_learners=2)
+
+
+def test_compute_per_sample_grows_with_the_minibatch() -> None:
+    """``inject.compute_per_sample``: μ changes the emulated compute as GEMM time does."""
+    plan = InjectPlan(compute_time=0.01, compute_per_sample=0.001, slow_learner=1,
+                      learner_factor=2.0)  # fmt: skip
+    assert plan.compute_time_for(0, 4) == pytest.approx(0.014)
+    assert plan.compute_time_for(0, 128) == pytest.approx(0.138)
+    assert plan.compute_time_for(1, 4) == pytest.approx(0.028)  # the straggler's factor too
+    assert InjectPlan(compute_time=0.5).compute_time_for(0, 64) == 0.5
+    with pytest.raises(ConfigError, match="inject.compute_per_sample"):
+        InjectPlan(compute_per_sample=-1.0).validate()

@@ -55,6 +55,7 @@ PURE = (
     "pserver.epochs",
     "pserver.versions",
     "learners/",
+    "pserver.prediction",
 )
 IMPURE = ("mpi4py", "pserver.comm", "pserver.roles")
 

@@ -119,3 +119,24 @@ def test_cuda_aware_path_where_the_library_is(tmp_path):
     cfg = load_config(QUICKSTART, list(common))
     w_serial = train_serial(cfg, load_dataset(cfg.data, cfg.run.seed))
     np.testing.assert_allclose(final_weights(tmp_path), w_serial, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "ranks, overrides",
+    [(4, ("protocol.name=async",)),
+     (5, ("protocol.name=softsync", "optim.rule=nesterov", "cluster.servers=2",
+          "blocks.count=3", "protocol.predict_steps=2"))],
+    ids=["async", "nesterov-2-shards-S2"],
+)
+def test_one_learner_ppasgd_on_gpu_reproduces_serial_numpy(tmp_path, ranks, overrides):
+    """PP-ASGD's served prediction on CuPy (the staged copy is made from ``serve``)."""
+    from learners.serial import train_serial_predicted
+
+    common = ("run.epochs=2", "model.dtype=float64", "optim.weight_decay=0.001",
+              "protocol.predict=true", *overrides)
+    train(tmp_path, ranks, "run.device=gpu", *common, timeout=300)
+    cfg = load_config(QUICKSTART, list(common))
+    steps = max(cfg.protocol.predict_steps, 0)  # one blocking learner: σ = 0, measured S = 0
+    w_serial = train_serial_predicted(cfg, load_dataset(cfg.data, cfg.run.seed), steps)
+    np.testing.assert_allclose(final_weights(tmp_path), w_serial, rtol=1e-8, atol=1e-10)
+    assert load_dump(tmp_path / "stats.h5").group("prediction_errors")

@@ -92,3 +92,30 @@ def test_make_protocol_from_config():
         make_protocol(load_config(None, ["protocol.lr_policy=mean"]), 4)
     with pytest.raises(ConfigError, match="protocol.c = 6 exceeds"):
         make_protocol(load_config(None, ["protocol.name=psp", "protocol.c=6"]), 4)
+
+
+@pytest.mark.parametrize("n_learners, n, scale", [(4, 1, 1.0), (4, 2, 0.5), (30, 4, 0.25)])
+def test_softsync_nominal_policy_is_alpha0_over_n(n_learners, n, scale):
+    """Eq. (6) as published: α = α0/n, a constant, whatever σ the update measured."""
+    p = Softsync(n_learners=n_learners, n=n, lr_policy="nominal")
+    for ts in (3, 9):  # server at 9: σ = 6 and 0, ⟨σ⟩ = 3 (``mean`` would give 1/3)
+        for learner in range(p.count):
+            p.on_gradient(Arrival(learner, ts), server_ts=9)
+        d = p.commit(server_ts=9)
+        assert d.lr_scale == scale and d.divisor == p.count
+
+
+def test_async_nominal_policy_is_alpha0_over_lambda():
+    cfg = load_config(None, ["protocol.name=async", "protocol.lr_policy=nominal"])
+    p = make_protocol(cfg, 8)
+    assert p.on_gradient(Arrival(3, 9), server_ts=9).weight == 1.0  # σ = 0: still α0/λ
+    assert p.commit(server_ts=9).lr_scale == 1 / 8
+    s = make_protocol(load_config(None, ["protocol.name=softsync", "protocol.n=2",
+                                         "protocol.lr_policy=nominal"]), 8)  # fmt: skip
+    assert s.on_gradient(Arrival(0, 9), server_ts=9).weight == 1.0
+
+
+@pytest.mark.parametrize("name", ["ssp", "hardsync", "psp"])
+def test_nominal_policy_refused_where_there_is_no_n(name):
+    with pytest.raises(ConfigError, match="lr_policy"):
+        make_protocol(load_config(None, [f"protocol.name={name}", "protocol.lr_policy=nominal"]), 4)

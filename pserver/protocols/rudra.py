@@ -49,9 +49,11 @@ class Hardsync(Protocol):
 class Softsync(Protocol):
     """Eq. (5): update after c = ⌊λ/n⌋ gradients of any age; n = λ is Async (eq. 4).
 
-    ``lr_policy`` modulates the learning rate by staleness: ``mean`` divides it by the update's
-    ⟨σ⟩ of eq. (2) (eq. 6, α = α0/⟨σ⟩, never enlarging it when ⟨σ⟩ < 1); ``per-gradient``
-    scales each gradient by 1/max(σ, 1), the finer strategy of footnote 2; ``none`` keeps α0.
+    ``lr_policy`` modulates the learning rate by staleness: ``nominal`` is eq. (6) as published,
+    α = α0/⟨σ⟩ = α0/n, a constant (α0/λ for async, n = λ; Fig. 4 compares α0 with α0/n);
+    ``mean`` divides it by each update's measured ⟨σ⟩ of eq. (2) (α0/max(⟨σ⟩, 1), never
+    enlarging it when ⟨σ⟩ < 1); ``per-gradient`` scales each gradient by 1/max(σ, 1), the finer
+    strategy of footnote 2; ``none`` keeps α0.
     """
 
     name = "softsync"
@@ -74,9 +76,17 @@ class Softsync(Protocol):
         return len(self.pending) >= self.count
 
     def commit(self, server_ts: int) -> UpdateDecision:
-        mean = mean_staleness(server_ts + 1, self.pending.clock)
-        scale = 1.0 / max(mean, 1.0) if self.lr_policy == "mean" else 1.0
+        scale = self.lr_scale(server_ts)
         return close_round(self, server_ts, divisor=len(self.pending), lr_scale=scale)
+
+    def lr_scale(self, server_ts: int) -> float:
+        """The factor on α0 of this update (eq. 6), before :func:`close_round` clears the clock."""
+        if self.lr_policy == "nominal":
+            return 1.0 / self.n  # eq. (6) as published: α0/n, whatever σ was measured
+        if self.lr_policy == "mean":
+            mean = mean_staleness(server_ts + 1, self.pending.clock)
+            return 1.0 / max(mean, 1.0)
+        return 1.0
 
     def describe(self) -> str:
         return f"{self.n}-softsync (c={self.count}, lr {self.lr_policy})"

@@ -21,7 +21,7 @@ from pserver.config import inject_plan
 from pserver.context import Context
 from pserver.protocols.pull import pull_answer
 from pserver.roles.shard_inject import ShardInjection
-from pserver.roles.shard_rows import ShardRows
+from pserver.roles.shard_rows import ShardRows, prediction_summary
 from pserver.roles.shard_state import BlockBuilder, BlockState
 from pserver.roles.shard_versions import summary
 from pserver.roles.snapshots import SNAPSHOT_QUEUE_MAX, snapshot_queue
@@ -58,6 +58,8 @@ class ServerShard:
         self.payloads = Payloads(ctx.backend, mine, weights.dtype, self.cfg.comm.staging)
         # with host staging MPI reads staged copies, which are versioned; else w itself is
         self.staged = self.payloads.staged and self.shm is None
+        # PP-ASGD: versions hold predictions, produced once per update at the first pull
+        self.predicts = self.cfg.protocol.predict and not self.staged
         build = BlockBuilder(ctx, self.shm, self.staged, len(self.live))
         self.blocks = build.blocks(mine, weights)
         self.handlers = {Tag.PUSH: self.on_push, Tag.PULL: self.on_pull, Tag.BYE: self.on_bye}
@@ -159,9 +161,13 @@ class ServerShard:
     def update(self, st: BlockState) -> None:
         decision = st.arith.commit()
         # sends read w itself: never under them (copy-on-write)
-        into = None if self.staged else st.versions.new_version(self.waiter, st.arith.w.nbytes)
+        into = None
+        if not (self.staged or self.predicts):  # with prediction no send reads w
+            into = st.versions.new_version(self.waiter, st.arith.w.nbytes)
         applied = st.arith.apply(decision, into)
         self.rows.update(st.block.index, applied.decision, applied.lr)
+        if applied.steps >= 0:
+            self.rows.prediction(st.block.index, applied, st.arith.predictor)
         self.after_update(st)
 
     def released(self) -> bool:
@@ -225,6 +231,8 @@ class ServerShard:
         else:
             if self.staged and st.versions.staged_ts != a.ts:
                 self.stage(st)  # once per update, however many learners pull it
+            elif self.predicts and st.versions.served_ts != a.ts:
+                st.versions.produce(a.serve, a.ts)  # f_S(w, M), once per update
             if not st.versions.can_pin():
                 st.starved.append(h)
             elif reads:
@@ -285,6 +293,9 @@ class ServerShard:
 
     def finish(self) -> None:
         self.ctx.log.info(summary([st.versions.pool for st in self.blocks.values()]))
+        first = self.blocks[min(self.blocks)].arith
+        if first.predictor is not None:
+            self.ctx.log.info(prediction_summary(first, len(self.ctx.layout.learners)))
         for st in self.blocks.values():
             st.versions.drain(self.waiter)
             st.snaps.drain(st.arith.w, st.arith.ts, self.waiter)

@@ -12,8 +12,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from pserver.comm.records import RecordBuffer
+from pserver.prediction import Predictor, paper_staleness
 from pserver.protocols.base import UpdateDecision
-from pserver.shard_block import ShardBlock
+from pserver.shard_block import Applied, ShardBlock
 
 
 class ShardRows:
@@ -38,6 +39,23 @@ class ShardRows:
             )  # fmt: skip
             self.records.add_clock(d.vector_clock)
 
+    def prediction(self, block: int, applied: Applied, predictor: Predictor) -> None:
+        """PP-ASGD: the S the new weights are served with (first block), and every block's
+        error probe that ended at this update."""
+        ts = applied.decision.new_timestamp
+        if block == self.first_block:
+            self.records.add(
+                "predictions", shard=self.shard, timestamp=ts, steps=applied.steps,
+                staleness_mean=predictor.mean.value,
+            )  # fmt: skip
+        p = applied.probe
+        if p is not None:
+            self.records.add(
+                "prediction_errors", shard=self.shard, block=block, origin=p.origin,
+                steps=p.steps, horizon=p.horizon, dd=p.dd, dm=p.dm, mm=p.mm, error=p.error,
+                momentum=predictor.mu, time=self.now(),
+            )  # fmt: skip
+
     def delay(self, learner: int, block: int, request: int, delay: float) -> None:
         """An injected delay of one pull's reply (``inject``)."""
         self.records.add(
@@ -57,3 +75,15 @@ class ShardRows:
                 "blocks", block=index, shard=self.shard, timestamp=a.ts, applied=a.applied,
                 dropped=a.dropped, size=size,
             )  # fmt: skip
+
+
+def prediction_summary(a: ShardBlock, learners: int) -> str:
+    """The log line on PP-ASGD's staleness at the end: the measured S̄ and the paper's eq. (1)."""
+    p = a.predictor
+    assert p is not None
+    how = "fixed" if p.fixed >= 0 else "measured"
+    return (
+        f"PP-ASGD: served f_S with S = {p.steps} ({how}); running mean staleness S̄ = "
+        f"{p.mean.value:.2f}; the paper's eq. (1) S̄ = 1 + F_U/F_G = "
+        f"{paper_staleness(a.ts, a.applied, learners):.2f}"
+    )

@@ -54,10 +54,16 @@ class BlockBuilder:
         if self.shm is not None:  # the weights live in the node's window, where learners read
             w = self.shm.weights(ctx.rank, b)
             w[...] = weights[b.start : b.stop]
+        predicts = ctx.cfg.protocol.predict and not self.staged
+        if predicts:  # the versions (in the window with shm) hold f_S(w, M); w is private
+            served, w = w, xp.array(weights[b.start : b.stop], dtype=dtype)
         arith = ShardBlock.build(w, ctx.cfg, len(ctx.layout.learners), ctx.train_size, xp)
-        bufs = [] if self.staged else [w]
+        bufs = [] if self.staged else [served if predicts else w]
         buffer = lambda v: self.version_buffer(b, w, v)  # noqa: E731
         versions = ServedVersions(b.index, self.version_limit(), bufs, buffer, xp)
+        if predicts:
+            arith.serve(served)  # f_S(w0, 0) = w0
+            versions.served_ts = arith.ts
         return BlockState(b, arith, versions, Snapshots(ctx, b.index, b.size, dtype, depth))
 
     def version_limit(self) -> int:

@@ -30,6 +30,7 @@ class ServedVersions:
         self.inflight: list[tuple[MPI.Request, int]] = []  # (send, pool ticket)
         self.readers: dict[int, int] = {}  # learner -> ticket of the version it computes on
         self.staged_ts = -1  # timestamp of the staged (or device-synchronized) current version
+        self.served_ts = -1  # PP-ASGD: timestamp of the prediction in the current version
         self.copy_cost = 0.0  # seconds the last copy-on-write of the block took
 
     @property
@@ -106,6 +107,16 @@ class ServedVersions:
         if write.target == len(self.bufs):
             self.bufs.append(buf)
         self.staged_ts = ts
+
+    def produce(self, fill: Callable[[Any], Any], ts: int) -> None:
+        """A served model that is not w (PP-ASGD's prediction), written by ``fill(buffer)``
+        into a version no send or learner reads (never waits: ``VersionPool.write``)."""
+        self.collect()
+        write = self.pool.write(copy=False)
+        while len(self.bufs) <= write.target:
+            self.bufs.append(self.buffer(len(self.bufs)))
+        fill(self.bufs[write.target])
+        self.served_ts = ts
 
     def drain(self, waiter: Waiter) -> None:
         waiter.waitall([r for r, _ in self.inflight], "weight sends to drain")

@@ -46,7 +46,6 @@ class Trainer:
         self.records = ctx.records()
         self.model = ctx.model
         self.inject = inject_plan(self.cfg)
-        self.extra_compute = self.inject.compute_time_for(self.index)
         self.slow = self.index == self.cfg.inject.slow_learner
         self.steps = 0
         self.compute_time = self.pull_time = self.push_time = 0.0
@@ -116,7 +115,8 @@ class Trainer:
             bad = int((~self.xp.isfinite(w)).sum())
             raise diverged(self.loss, self.steps, self.ex.have, bad, self.cfg.optim.lr)
         self.ctx.backend.synchronize()
-        extra = self.extra_compute  # emulated accelerator work: the CPU idles
+        # emulated accelerator work (the CPU idles), growing with the minibatch's samples
+        extra = self.inject.compute_time_for(self.index, len(y))
         if self.slow:  # an injected straggler also takes longer for its real compute
             extra += (self.cfg.inject.learner_factor - 1.0) * (time.perf_counter() - started)
         if extra > 0.0:

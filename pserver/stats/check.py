@@ -18,7 +18,10 @@ schema (``docs/stats.md``) it relies on:
   at the shard's last update with as many applied gradients as the rows; a learner's
   ``minibatches`` equals its ``train`` rows, numbered 0, 1, …;
 * training reached the configured epochs (counted as ``run.epoch_basis`` says);
-* tests are at increasing epochs with errors in [0, 1] and finite losses.
+* tests are at increasing epochs with errors in [0, 1] and finite losses;
+* PP-ASGD (``predictions/``, ``prediction_errors/``): a shard's prediction rows are its updates,
+  one each, with S ≥ 0; a probe compares with the weights S + 1 updates later, and its
+  ``error`` is √(dd − 2a·dm + a²·mm), a = Σ_{s=1}^{S+1} μ^s (``pserver.prediction``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from pserver.prediction import prediction_error
 from pserver.stats.reader import Dump
 
 Problems = list[str]
@@ -201,6 +205,28 @@ def _tests(dump: Dump) -> Problems:
     return out
 
 
+def _predictions(dump: Dump) -> Problems:
+    pr, up = dump.group("predictions"), dump.group("updates")
+    out: Problems = []
+    if pr:
+        for s in np.unique(pr["shard"]):
+            mine = pr["timestamp"][pr["shard"] == s]
+            made = up["timestamp"][up["shard"] == s] if up else mine
+            if not np.array_equal(mine, made):
+                out.append(f"shard {s}: predictions/ rows are not one per update")
+        if np.any(pr["steps"] < 0):
+            out.append(f"{int(np.sum(pr['steps'] < 0))} predictions with S < 0")
+    pe = dump.group("prediction_errors")
+    if pe:
+        if np.any(pe["horizon"] != pe["steps"] + 1):
+            out.append("prediction probes not compared with the weights S + 1 updates later")
+        want = np.array([prediction_error(dd, dm, mm, mu, int(s)) for dd, dm, mm, mu, s in zip(
+            pe["dd"], pe["dm"], pe["mm"], pe["momentum"], pe["steps"], strict=True)])
+        if not np.allclose(pe["error"], want, rtol=1e-6, atol=1e-12):
+            out.append("prediction_errors/error is not √(dd − 2a·dm + a²·mm)")
+    return out
+
+
 RULES: tuple[Callable[[Dump], Problems], ...] = (
-    _finished, _updates, _gradients, _end_rows, _learners, _epochs, _tests,
+    _finished, _updates, _gradients, _end_rows, _learners, _epochs, _tests, _predictions,
 )

@@ -1,7 +1,9 @@
-"""``pserver-stats``: summarise or plot the HDF5 statistics dump of a run.
+"""``pserver-stats``: summarise, plot, compare or export the HDF5 statistics dumps of runs.
 
     pserver-stats summary runs/x/stats.h5 [--json]
     pserver-stats plot runs/x/stats.h5 [-o OUTDIR]
+    pserver-stats compare RUN... [--out FILE.png] [--csv FILE]   (RUN: a dump or its directory)
+    pserver-stats export RUN --csv DIR
 
 Errors print one line ``pserver-stats: error: ...`` on stderr and exit with status 2.
 """
@@ -172,9 +174,32 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    """The table of ``pserver.stats.compare`` for every RUN; figure and CSV when asked."""
+    from pserver.stats.compare import compare
+    from pserver.stats.runs import load_run
+
+    dumps = [load_run(run) for run in args.runs]
+    out = Path(args.out) if args.out else None
+    csv = Path(args.csv) if args.csv else None
+    print(checked(" ".join(args.runs), compare, dumps, out, csv))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """CSV files of one run (``pserver.stats.export``), their paths printed."""
+    from pserver.stats.export import export_csv
+    from pserver.stats.runs import load_run
+
+    for path in checked(args.run, export_csv, load_run(args.run), Path(args.csv)):
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG, description="Summarise or plot the HDF5 statistics dump (stats.h5) of a run."
+        prog=PROG,
+        description="Summarise, plot, compare or export the HDF5 statistics dumps (stats.h5).",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("summary", help="print run facts, staleness, per-learner times, errors")
@@ -188,6 +213,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="check the dump's consistency rules (exit 1 if broken)")
     p.add_argument("dump", help="path of the stats.h5 dump")
     p.set_defaults(func=cmd_check)
+    run_help = "a stats.h5 dump, its run directory, or a directory with a 'latest' run"
+    p = sub.add_parser(
+        "compare", help="several runs side by side: table, overlaid curves, staleness"
+    )
+    p.add_argument("runs", nargs="+", metavar="RUN", help=run_help)
+    p.add_argument("--out", metavar="FILE.png", help="write the four-panel figure here")
+    p.add_argument("--csv", metavar="FILE", help="write the table as CSV here")
+    p.set_defaults(func=cmd_compare)
+    p = sub.add_parser("export", help="write a run's groups, staleness and facts as CSV files")
+    p.add_argument("run", metavar="RUN", help=run_help)
+    p.add_argument("--csv", required=True, metavar="DIR", help="directory for the CSV files")
+    p.set_defaults(func=cmd_export)
     return parser
 
 

@@ -6,6 +6,7 @@ plotting never selects a global backend or opens a window (it runs on headless c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,10 @@ from matplotlib.ticker import MaxNLocator
 from pserver.stats.reader import Dump
 
 MAX_LEGEND_ENTRIES = 12  # beyond this a legend hides the plot (Rudra ran 30-54 learners)
+TIME_LABEL = "wall time (s)"
+EPOCH_LABEL = "epoch (passes over the training set)"
+ERROR_LABEL = "test error (%)"
+LOSS_LABEL = "training loss (minibatch mean)"
 
 
 def _empty(ax: Axes, what: str) -> None:
@@ -44,7 +49,41 @@ def smooth(values: np.ndarray, window: int) -> np.ndarray:
     return (csum[idx] - csum[lo]) / (idx - lo)
 
 
+SIGMA_LABEL = "gradient staleness σ (weight updates)"
+PROB_LABEL = "probability (share of applied gradients)"
+
+
+def staleness_axes(ax: Axes, max_sigma: int, probabilities: Sequence[float]) -> None:
+    """Axes a reader can trust: σ on integer ticks with a half-step margin (σ = 0 alone is not
+    one dot between fractional ticks), probabilities never above 1; log scale only when
+    there is a tail to show (Rudra Fig. 3: σ > 2n at probabilities below 1e-4)."""
+    ax.set_xlim(-0.5, max(max_sigma, 1) + 0.5)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel(SIGMA_LABEL)
+    ax.set_ylabel(PROB_LABEL)
+    positive = [p for p in probabilities if p > 0]
+    if positive and min(positive) < 1.0:
+        ax.set_yscale("log")
+        ax.set_ylim(min(positive) / 2, 1.0)
+    else:
+        ax.set_ylim(0.0, 1.0)
+
+
+def all_fresh_note(ax: Axes, count: int) -> None:
+    """The display of σ = 0 everywhere (hardsync): say it in words on the plot."""
+    ax.text(
+        0.5, 0.5, f"σ = 0 for all {count} applied gradients\n(every gradient computed on the "
+        "current weights)", ha="center", va="center", transform=ax.transAxes,
+    )  # fmt: skip
+
+
 def plot_staleness(dump: Dump, path: Path) -> Path:
+    """Write :func:`staleness_figure` to ``path``."""
+    staleness_figure(dump).savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
+def staleness_figure(dump: Dump) -> Figure:
     """Probability of each staleness value σ per learner, as in Rudra Fig. 3 (inset)."""
     fig = Figure(figsize=(6.4, 4.2))
     ax = fig.add_subplot()
@@ -53,23 +92,26 @@ def plot_staleness(dump: Dump, path: Path) -> Path:
     applied = grads["update"][:n] != -1 if "update" in grads else np.ones(n, dtype=bool)
     stale = grads["staleness"][applied] if n else np.zeros(0, np.int64)
     learner = grads["learner"][applied] if n and "learner" in grads else np.zeros_like(stale)
+    probs: list[float] = []
     if stale.size == 0:
         _empty(ax, "gradients")
         mean_text = "n/a"
+    elif not stale.any():
+        ax.bar([0], [1.0], width=0.6, label="all learners")
+        all_fresh_note(ax, int(stale.size))
+        probs, mean_text = [1.0], "0"
     else:
         lids = np.unique(learner)
         for lid in lids:
             values, counts = np.unique(stale[learner == lid], return_counts=True)
-            ax.plot(values, counts / counts.sum(), marker="o", ms=3, lw=1, label=f"learner {lid}")
+            p = counts / counts.sum()
+            ax.plot(values, p, marker="o", ms=3, lw=1, label=f"learner {lid}", clip_on=False)
+            probs.extend(p.tolist())
         _legend(ax, len(lids))
-        ax.set_yscale("log")  # Rudra's tail (σ > 2n) is at probabilities below 1e-4
         mean_text = f"{stale.mean():.3f}"
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # σ is an integer
-    ax.set_xlabel("gradient staleness σ")
-    ax.set_ylabel("probability")
+    staleness_axes(ax, int(stale.max()) if stale.size else 0, probs)
     ax.set_title(f"gradient staleness ({_run_label(dump)}): ⟨σ⟩ = {mean_text}")
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    return path
+    return fig
 
 
 def plot_test_error(dump: Dump, path: Path) -> Path:
@@ -77,14 +119,15 @@ def plot_test_error(dump: Dump, path: Path) -> Path:
     fig = Figure(figsize=(10, 4))
     ax_time, ax_epoch = fig.subplots(1, 2, sharey=True)
     test = dump.group("test")
-    for ax, key, label in ((ax_time, "time", "wall time (s)"), (ax_epoch, "epoch", "epoch")):
+    for ax, key, label in ((ax_time, "time", TIME_LABEL), (ax_epoch, "epoch", EPOCH_LABEL)):
         if dump.rows("test") and key in test and "error" in test:
-            ax.plot(test[key], test["error"], marker="o", ms=3)
+            ax.plot(test[key], 100 * test["error"], marker="o", ms=3)
         else:
             _empty(ax, "test rows")
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
-    ax_time.set_ylabel("test error")
+    ax_epoch.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax_time.set_ylabel(ERROR_LABEL)
     fig.suptitle(f"test error ({_run_label(dump)})")
     fig.savefig(path, dpi=120, bbox_inches="tight")
     return path
@@ -108,8 +151,8 @@ def plot_train_loss(dump: Dump, path: Path) -> Path:
             (line,) = ax.plot(t, smooth(loss, window), lw=1.2, label=f"learner {lid}")
             ax.plot(t, loss, lw=0.5, alpha=0.15, color=line.get_color())
     _legend(ax, len(lids))
-    ax.set_xlabel("wall time (s)")
-    ax.set_ylabel("training loss")
+    ax.set_xlabel(TIME_LABEL)
+    ax.set_ylabel(LOSS_LABEL)
     ax.set_title(f"training loss ({_run_label(dump)})")
     ax.grid(alpha=0.3)
     fig.savefig(path, dpi=120, bbox_inches="tight")

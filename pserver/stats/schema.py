@@ -180,6 +180,29 @@ class Delay:
     delay: float = col("float64", "s it was held")
 
 
+@dataclass(frozen=True)
+class Prediction:
+    shard: int = col("int32", "owner of the weights (PP-ASGD, protocol.predict)")
+    timestamp: int = col("int64", "the update's new timestamp t")
+    steps: int = col("int32", "S: pulls of w_t are answered with f_S(w_t, M_t)")
+    staleness_mean: float = col("float64", "S̄: running mean of recent updates' ⟨σ⟩")
+
+
+@dataclass(frozen=True)
+class PredictionError:
+    shard: int = col("int32", "owner of the block")
+    block: int = col("int32", "block index")
+    origin: int = col("int64", "timestamp t of the prediction f_S(w_t, M_t)")
+    steps: int = col("int32", "S it was served with")
+    horizon: int = col("int64", "H = S + 1: compared with w_{t+H}")
+    dd: float = col("float64", "d·d, d = w_{t+H} - w_t (block)")
+    dm: float = col("float64", "d·M_t (block)")
+    mm: float = col("float64", "M_t·M_t (block)")
+    error: float = col("float64", "‖w_{t+H} - f_S(w_t, M_t)‖ of the block")
+    momentum: float = col("float64", "μ (the error for any S': d·d - 2a·d·M + a²·M·M)")
+    time: float = col("float64", "s since start (at t + H)")
+
+
 VECTOR_CLOCK = Column("vector_clock", "int64", "timestamps of the aggregated gradients")
 
 GROUPS: dict[str, Group] = {
@@ -195,6 +218,8 @@ GROUPS: dict[str, Group] = {
         Group("blocks", "one per parameter block, at the end", BlockTotals),
         Group("aggregators", "one per aggregator, at the end", AggregatorTotals),
         Group("delays", "one per injected pull delay", Delay),
+        Group("predictions", "one per update of a PP-ASGD shard", Prediction),
+        Group("prediction_errors", "one per PP-ASGD error probe of a block", PredictionError),
     )
 }
 

@@ -44,7 +44,7 @@ def params() -> dict[str, Param]:
     """Every ``protocol.*`` key any strategy uses (own or shared), by key."""
     found: dict[str, Param] = {}
     for s in REGISTRY.values():
-        for p in s.params + s.shared:
+        for p in s.params + s.shared + s.layered:
             found.setdefault(p.key, p)
     return found
 

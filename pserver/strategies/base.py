@@ -62,7 +62,9 @@ class Strategy:
     ``exchanges``: ``comm.mode`` -> learner exchange name, a missing mode is refused by
     :meth:`exchange`; ``waits_for_update``: learners compute each iteration on the weights
     of the latest update (the shard protocol's attribute of the same name, tested equal);
-    ``tree``: the aggregator tree may sum its gradients (``cluster.tree_fanout``)."""
+    ``tree``: the aggregator tree may sum its gradients (``cluster.tree_fanout``);
+    ``layered``: keys of a layer over the strategy, not of its family (PP-ASGD's
+    ``protocol.predict*`` over the parameter-server strategies, whose checks hold them)."""
 
     name: str
     family: str
@@ -75,10 +77,11 @@ class Strategy:
     waits_for_update: bool = False
     tree: bool = False
     checks: tuple[Check, ...] = ()
+    layered: tuple[Param, ...] = ()
 
     def uses(self, key: str) -> bool:
         """Whether ``protocol.<key>`` means anything to this strategy."""
-        return any(p.key == key for p in self.params + self.shared)
+        return any(p.key == key for p in self.params + self.shared + self.layered)
 
     def exchange(self, mode: str) -> str:
         """The learner exchange for ``comm.mode = mode``; ``ConfigError`` if it has none."""

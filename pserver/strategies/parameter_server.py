@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pserver.errors import ConfigError
 from pserver.strategies.base import PS, PS_OVERLAP, Config, Param, Strategy
+from pserver.strategies.prediction import PREDICT, check_predict
 
 #: The ``protocol.*`` keys of the whole family (``Strategy.shared``).
 SHARED = (
@@ -18,6 +19,9 @@ SHARED = (
     Param("tau2", float, 0.0, ">= 0", help="partial pulling: seconds to wait for more blocks"),
     Param("pull_timestamp", str, "auto", help="which round a push answers"),
 )
+
+#: Keys of the layers over every PS strategy (``Strategy.layered``): PP-ASGD's prediction.
+LAYERED = PREDICT
 
 #: A learner exchange for every ``comm.mode``.
 EXCHANGES = {"blocking": PS, "nonblocking": PS_OVERLAP, "thread": PS_OVERLAP}
@@ -119,7 +123,10 @@ def check_round_lr_policy(s: Strategy, cfg: Config) -> None:
 
 
 #: The family's checks, run before each strategy's own (same order as before the registry).
-CHECKS = (check_pull_fraction, check_pull_timestamp, check_overlap, check_max_inflight, check_tree)
+CHECKS = (
+    check_pull_fraction, check_pull_timestamp, check_overlap, check_max_inflight, check_tree,
+    check_predict,
+)  # fmt: skip
 
 
 def lr_policy(cfg: Config) -> str:

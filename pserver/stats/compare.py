@@ -1,0 +1,74 @@
+"""``pserver-stats compare RUN... [--out FILE.png] [--csv FILE]``: runs side by side.
+
+Each run is labelled by the config keys in which the runs differ
+(:func:`pserver.stats.tables.labels`); the table gives, per run, the final and best test error,
+the wall time, ⟨σ⟩ and max σ over the applied gradients, and samples per second. ``--csv``
+writes the same rows (every column of :data:`pserver.stats.tables.RUN_COLUMNS`, then each
+differing key); ``--out`` the four-panel figure of :mod:`pserver.stats.compare_plots`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pserver.stats.export import write_columns
+from pserver.stats.reader import Dump
+from pserver.stats.tables import comparison_rows, labels, run_config
+
+#: (header, column, format) of the printed table
+TABLE = (
+    ("final err %", "final_error", "pct"),
+    ("best err %", "best_error", "pct"),
+    ("time s", "wall_time_s", ".1f"),
+    ("⟨σ⟩", "mean_staleness", ".2f"),
+    ("max σ", "max_staleness", "d"),
+    ("samples/s", "samples_per_s", ".0f"),
+    ("epochs", "epochs", "g"),
+)
+
+
+def fmt(value: Any, spec: str) -> str:
+    """A table cell: ``-`` for a figure the dump does not have, percentages of fractions."""
+    if value is None:
+        return "-"
+    if spec == "pct":
+        return f"{100 * value:.2f}"
+    return format(value, spec)
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The runs as a text table, one line per run, the label first."""
+    header = ["run", *(h for h, _, _ in TABLE)]
+    cells = [[r["label"], *(fmt(r[c], spec) for _, c, spec in TABLE)] for r in rows]
+    widths = [max(len(line[i]) for line in [header, *cells]) for i in range(len(header))]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(header), rule, *map(line, cells)])
+
+
+def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> Path:
+    """The rows as a CSV, one line per run (columns of the first row)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_columns(path, {k: [r.get(k) for r in rows] for k in rows[0]})
+
+
+def compare(dumps: Sequence[Dump], out: Path | None = None, csv: Path | None = None) -> str:
+    """The printed table; the figure to ``out`` and the CSV to ``csv`` when given."""
+    rows = comparison_rows(dumps)
+    lines = [format_table(rows)]
+    if csv is not None:
+        lines.append(f"table: {write_csv(rows, csv)}")
+    if out is not None:
+        from pserver.stats.compare_plots import save_compare_figure  # matplotlib only here
+
+        names = labels([run_config(d) for d in dumps], [str(d.path) for d in dumps])
+        lines.append(f"figure: {save_compare_figure(dumps, names, out)}")
+    return "\n".join(lines)

@@ -1,0 +1,49 @@
+"""Which dump a user means by RUN: a ``stats.h5`` file, a run directory, or a directory of runs.
+
+``pserver-stats compare``/``export`` and the :mod:`pserver.stats.frames` API take any of
+
+* the dump file itself (``runs/x/stats.h5``);
+* a run directory holding ``stats.h5`` (``runs/x``);
+* a directory of runs whose ``latest`` link points at a run directory (``runs/quickstart``,
+  where ``run.out_dir`` is a template with ``{id}``): its latest run;
+* a directory with exactly one ``*/stats.h5`` below it.
+
+Anything else is a :class:`~pserver.stats.reader.DumpError` naming what was looked for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pserver.stats.reader import Dump, DumpError, load_dump
+
+DUMP_NAME = "stats.h5"
+LATEST = "latest"
+
+
+def resolve_dump(run: str | Path) -> Path:
+    """The dump file of ``run`` (module docstring); a path that is not a directory as it is."""
+    p = Path(run)
+    if not p.is_dir():
+        return p
+    for candidate in (p / DUMP_NAME, p / LATEST / DUMP_NAME):
+        if candidate.is_file():
+            return candidate
+    below = sorted(p.glob(f"*/{DUMP_NAME}"))
+    if len(below) == 1:
+        return below[0]
+    if below:
+        names = ", ".join(str(b.parent.name) for b in below[:5])
+        raise DumpError(
+            f"{p} holds {len(below)} runs ({names}{', …' if len(below) > 5 else ''}) and no "
+            f"{LATEST!r} link: name one of them"
+        )
+    raise DumpError(
+        f"{p} is a directory without a dump: no {DUMP_NAME}, {LATEST}/{DUMP_NAME} or "
+        f"*/{DUMP_NAME} in it"
+    )
+
+
+def load_run(run: str | Path) -> Dump:
+    """:func:`~pserver.stats.reader.load_dump` of :func:`resolve_dump` (``run``)."""
+    return load_dump(resolve_dump(run))

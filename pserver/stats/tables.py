@@ -1,0 +1,207 @@
+"""A dump as plain tables: the columns of each group, one row of facts per run, and the labels
+that tell several runs apart (``pserver-stats compare``/``export``, :mod:`pserver.stats.frames`).
+
+Pure: numpy in, dicts of numpy columns and plain values out; no pandas, no plotting. The pandas
+API (:mod:`pserver.stats.frames`) and the CSV writer (:mod:`pserver.stats.export`) build on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from pserver import strategies
+from pserver.errors import PserverError
+from pserver.stats.reader import Dump, summarize
+
+#: keys that differ between any two runs without saying anything about the experiment
+NOISE_KEYS = frozenset(
+    {
+        "run.out_dir",
+        "run.name",
+        "run.overwrite",
+        "run.log_level",
+        "stats.progress",
+        "stats.flush_interval",
+        "cluster.learners",  # 0 means "the ranks left": λ itself is n_learners
+    }
+)
+#: how a label writes a key; other keys by their last component (the whole key if ambiguous)
+SHORT = {"n_learners": "λ", "data.batch_size": "μ", "protocol.n": "n", "optim.lr": "α0"}
+LEARNERS_KEY = "n_learners"  # λ from the dump's root attribute (cluster.learners may be 0)
+
+#: the columns of the per-run table, in order, with what each holds (docs/stats.md)
+RUN_COLUMNS = {
+    "label": "the run's differing config keys (pserver-stats compare)",
+    "dump": "path of the dump",
+    "protocol": "protocol name",
+    "learners": "λ, the number of learners",
+    "epochs": "epochs at the last test",
+    "final_error": "test error of the last test (fraction)",
+    "best_error": "lowest test error (fraction)",
+    "best_epoch": "epoch of the lowest test error",
+    "wall_time_s": "seconds from start to end (estimated from the last row if unclean)",
+    "mean_staleness": "⟨σ⟩ over the applied gradients (updates)",
+    "max_staleness": "largest σ of an applied gradient (updates)",
+    "updates": "weight updates (all shards)",
+    "samples": "training samples processed",
+    "samples_per_s": "training samples per second of wall time",
+}
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"protocol": {"n": 2}}`` -> ``{"protocol.n": 2}``; lists become tuples (hashable)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def run_config(dump: Dump) -> dict[str, Any]:
+    """The dump's flat config plus λ (``n_learners``), which the config may leave at 0."""
+    flat = flatten(dump.config)
+    if LEARNERS_KEY in dump.attrs:
+        flat[LEARNERS_KEY] = int(dump.attrs[LEARNERS_KEY])
+    return flat
+
+
+def differing_keys(configs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The keys whose value is not the same in every config (a missing key counts as a value),
+    leaving out :data:`NOISE_KEYS`; in the configs' key order, ``protocol.name`` first."""
+    keys: dict[str, None] = {}
+    for cfg in configs:
+        keys.update(dict.fromkeys(cfg))
+    missing = object()
+    differ = [
+        k
+        for k in keys
+        if k not in NOISE_KEYS and len({repr(c.get(k, missing)) for c in configs}) > 1
+    ]
+    return sorted(differ, key=lambda k: (k != "protocol.name", list(keys).index(k)))
+
+
+def short_names(keys: Sequence[str]) -> dict[str, str]:
+    """How each key is written in a label: :data:`SHORT`, else its last component when no
+    other key in ``keys`` ends the same, else the whole key."""
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    return {
+        k: SHORT.get(k, tail if last.count(tail) == 1 else k)
+        for k, tail in zip(keys, last, strict=True)
+    }
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, tuple):
+        return "[" + ",".join(_value(v) for v in value) + "]"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def uses(cfg: Mapping[str, Any], key: str) -> bool:
+    """Whether the run's strategy reads ``key`` (``protocol.n`` means nothing to async); keys
+    outside ``protocol.*`` and strategies this version does not know count as read."""
+    section, _, name = key.partition(".")
+    if section != "protocol" or name == "name":
+        return True
+    try:
+        return strategies.lookup(str(cfg.get("protocol.name"))).uses(name)
+    except PserverError:
+        return True
+
+
+def labels(configs: Sequence[Mapping[str, Any]], fallback: Sequence[str]) -> list[str]:
+    """One label per run from its differing keys: ``softsync n=2 λ=8``; the protocol name is
+    written bare. Runs whose configs are all equal are labelled by ``fallback`` (their paths)."""
+    keys = differing_keys(configs)
+    if not keys:
+        return list(fallback)
+    names = short_names(keys)
+    out = []
+    for cfg in configs:
+        parts = []
+        for k in keys:
+            if k not in cfg or not uses(cfg, k):
+                continue
+            parts.append(_value(cfg[k]) if k == "protocol.name" else f"{names[k]}={_value(cfg[k])}")
+        out.append(" ".join(parts))
+    if len(set(out)) < len(out):  # equal labels would merge lines: tell them apart by path
+        out = [f"{lab} ({fb})" for lab, fb in zip(out, fallback, strict=True)]
+    return out
+
+
+def run_facts(dump: Dump, label: str = "") -> dict[str, Any]:
+    """One row of :data:`RUN_COLUMNS` for the dump (``None`` where the dump has no figure)."""
+    s = summarize(dump)
+    st, test, upd = s["gradients"]["staleness"], s["test"], s["updates"]
+    return {
+        "label": label or str(dump.path),
+        "dump": str(dump.path),
+        "protocol": s["run"].get("protocol"),
+        "learners": s["run"].get("n_learners"),
+        "epochs": test.get("final_epoch"),
+        "final_error": test.get("final_error"),
+        "best_error": test.get("best_error"),
+        "best_epoch": test.get("best_epoch"),
+        "wall_time_s": s["wall_time"],
+        "mean_staleness": st["mean"],
+        "max_staleness": st["max"],
+        "updates": upd["count"],
+        "samples": s["samples"],
+        "samples_per_s": s["samples_per_s"],
+    }
+
+
+def clock_strings(clocks: np.ndarray) -> list[str]:
+    """Rows of a -1-padded vector-clock array as space-separated timestamps (for a CSV cell)."""
+    return [" ".join(str(int(t)) for t in row if t != -1) for row in np.asarray(clocks)]
+
+
+def group_table(dump: Dump, name: str) -> dict[str, Any]:
+    """The columns of group ``name`` (``{}`` if absent); 2-D clock columns as strings."""
+    out: dict[str, Any] = {}
+    for col, values in dump.group(name).items():
+        out[col] = clock_strings(values) if np.ndim(values) == 2 else values
+    return out
+
+
+def applied_staleness(dump: Dump) -> np.ndarray:
+    """σ of every applied gradient (dropped ones, ``update == -1``, never entered a clock)."""
+    grads = dump.group("gradients")
+    n = dump.rows("gradients")
+    if not n or "staleness" not in grads:
+        return np.zeros(0, np.int64)
+    applied = grads["update"] != -1 if "update" in grads else np.ones(n, dtype=bool)
+    return np.asarray(grads["staleness"][applied], dtype=np.int64)
+
+
+def staleness_distribution(dump: Dump) -> dict[str, np.ndarray]:
+    """Every σ from 0 to the largest seen, its count and probability (zeros included)."""
+    sigma = applied_staleness(dump)
+    counts = np.bincount(sigma) if sigma.size else np.zeros(0, np.int64)
+    total = max(int(counts.sum()), 1)
+    return {
+        "staleness": np.arange(counts.size, dtype=np.int64),
+        "count": counts.astype(np.int64),
+        "probability": counts / total,
+    }
+
+
+def comparison_rows(dumps: Sequence[Dump]) -> list[dict[str, Any]]:
+    """One row per dump: :func:`run_facts` under the runs' :func:`labels`, then the value of
+    each key in which their configs differ (``pserver-stats compare``, ``compare_frame``)."""
+    configs = [run_config(d) for d in dumps]
+    names = labels(configs, [str(d.path) for d in dumps])
+    keys = differing_keys(configs)
+    rows = []
+    for dump, cfg, label in zip(dumps, configs, names, strict=True):
+        row = run_facts(dump, label)
+        row.update({k: cfg.get(k) for k in keys})
+        rows.append(row)
+    return rows

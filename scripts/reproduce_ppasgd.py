@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""Reproduce Fig. 2 and Fig. 3-right of PP-ASGD (Sato et al. 2017, "Asynchronous, data-parallel
+deep CNN training with linear prediction model for parameter transition") on this machine.
+
+The paper compares ASGD with PP-ASGD, whose learners compute their gradients on the predicted
+weights f_S(w, M) = w + M·Σ_{s=1}^{S+1} μ^s (its eq. (2)), at staleness S = 3, 9 and 27
+(Fig. 2: CIFAR-10 test error against epochs, log scale, with SSGD beside them), and plots the
+prediction error ‖w_{t+S0+1} − f_S(w_t)‖ for S = 0..13 at a measured S0 = 7, finding its minimum
+at S = S0 (Fig. 3-right).
+
+Here, for each target staleness S, λ = S + 1 learners run ``protocol.name = async`` on the
+quickstart MLP (digits), blocking: a learner's gradient then meets the weights of about λ − 1
+updates later, so the measured mean staleness ⟨σ⟩ is close to S. ``inject.compute_time`` emulates
+a bigger model (each learner sleeps that long per minibatch, as beside a busy accelerator), so
+the λ ranks take turns evenly even on 2 cores. Three runs per S, same seed and data:
+
+* ``ASGD``     async, w served;
+* ``PP-ASGD``  async with ``protocol.predict = true``: S = ⌊S̄⌋ from the running mean of the
+               measured staleness, error probes every ``--probe`` updates;
+* ``SSGD``     hardsync with the same λ (``--no-ssgd`` leaves it out).
+
+The learning rate is the same for the three runs of one S, without Rudra's modulation
+(``protocol.lr_policy = none``: the paper's naive ASGD) and smaller as S grows (``--lr``;
+default min(0.05, 0.15/(S+1)): at λ = 10 a rate of 0.05 made both ASGD and PP-ASGD diverge).
+
+Fig. 3-right from the PP-ASGD dump: each probe (``prediction_errors/``) holds d·d, d·M and M·M
+for d = w_{t+S0+1} − w_t, which give the error of every S' at once
+(‖d − a_S'·M‖² = dd − 2·a_S'·dm + a_S'²·mm, a_S' = Σ_{s=1}^{S'+1} μ^s); the curve is the mean
+over the probes taken with the most frequent S0, from epoch 1 on (the paper: 100 probes right
+after one epoch). The dashed line is ‖d‖: serving w itself (ASGD).
+
+Outputs: a table per S (measured ⟨σ⟩, the S served, the paper's S̄ = 1 + F_U/F_G, best and final
+test error, epoch at which each first reached ``--target`` error), ``fig2.png``, ``fig3.png`` and,
+with ``--json``, every figure. Timings are wall-clock on a shared machine: only the errors and
+the staleness are meant to be compared.
+
+Example::
+
+    python scripts/reproduce_ppasgd.py                          # S = 3, 9, 27; 20 epochs
+    python scripts/reproduce_ppasgd.py --staleness 3 9 --repeats 3
+    python scripts/reproduce_ppasgd.py --quick                  # a small smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from benchlib import ROOT, Launcher, bench_parser, median, parse, pserver_run, table, write_json
+
+from pserver.prediction import error_sq, horizon_sum, paper_staleness
+from pserver.stats.reader import load_dump
+
+CONFIG = ROOT / "examples" / "quickstart.toml"
+KINDS = ("ASGD", "PP-ASGD", "SSGD")
+
+
+@dataclass
+class Run:
+    """What one run's dump says (``docs/stats.md``)."""
+
+    kind: str
+    target: int
+    repeat: int
+    out_dir: str
+    learners: int
+    lr: float
+    wall_time: float = math.nan
+    staleness: float = math.nan  # mean σ of the applied gradients
+    served_steps: int = -1  # PP-ASGD: the most frequent S served
+    paper_staleness: float = math.nan  # 1 + F_U/F_G (the paper's eq. (1))
+    epochs: list[float] = field(default_factory=list)
+    errors: list[float] = field(default_factory=list)
+    sweep: list[float] = field(default_factory=list)  # PP-ASGD: error of S' = 0, 1, ...
+    no_prediction: float = math.nan  # ‖w_{t+S0+1} − w_t‖, mean over the same probes
+    probes: int = 0
+
+
+def default_lr(target: int) -> float:
+    return min(0.05, 0.15 / (target + 1))
+
+
+def overrides(kind: str, args: argparse.Namespace, target: int, lr: float, seed: int) -> list[str]:
+    common = [
+        f"run.epochs={args.epochs}", f"run.seed={seed}", f"cluster.learners={target + 1}",
+        f"inject.compute_time={args.compute_time!r}", f"optim.lr={lr!r}",
+        "optim.rule=momentum", "stats.progress=false", "run.log_level=warning",
+        "run.overwrite=true",
+    ]  # fmt: skip
+    if kind == "SSGD":
+        return [*common, "protocol.name=hardsync"]
+    common += ["protocol.name=async", "protocol.lr_policy=none"]
+    if kind == "PP-ASGD":
+        common += ["protocol.predict=true", f"protocol.predict_probe={args.probe}"]
+    return common
+
+
+def sweep(dump: Any, max_steps: int, first_epoch_ts: int) -> tuple[list[float], float, int, int]:
+    """Fig. 3-right: mean over the probes (whole model: blocks summed) of the error of every
+    S' in 0..max_steps, for the probes of the most frequent S0 from ``first_epoch_ts`` on; the
+    error without prediction; S0; the probe count."""
+    pe = dump.group("prediction_errors")
+    if not pe or len(pe["origin"]) == 0:
+        return [], math.nan, -1, 0
+    s0 = Counter(pe["steps"].tolist()).most_common(1)[0][0]
+    keep = (pe["steps"] == s0) & (pe["origin"] >= first_epoch_ts)
+    if not keep.any():
+        keep = pe["steps"] == s0
+    probes: dict[tuple[int, int], np.ndarray] = {}
+    for s, o, dd, dm, mm in zip(pe["shard"][keep], pe["origin"][keep], pe["dd"][keep],
+                                pe["dm"][keep], pe["mm"][keep], strict=True):  # fmt: skip
+        probes.setdefault((int(s), int(o)), np.zeros(3))
+        probes[(int(s), int(o))] += (dd, dm, mm)
+    mu = float(pe["momentum"][0])
+    curves = np.array([[math.sqrt(error_sq(*p, horizon_sum(mu, k))) for k in range(max_steps + 1)]
+                       for p in probes.values()])  # fmt: skip
+    plain = float(np.mean([math.sqrt(p[0]) for p in probes.values()]))
+    return curves.mean(axis=0).tolist(), plain, int(s0), len(probes)
+
+
+def read(run: Run, args: argparse.Namespace) -> Run:
+    dump = load_dump(Path(run.out_dir) / "stats.h5")
+    run.wall_time = float(dump.attrs.get("wall_time", math.nan))
+    g, up, t = dump.group("gradients"), dump.group("updates"), dump.group("test")
+    applied = g["update"] >= 0
+    run.staleness = float(g["staleness"][applied].mean())
+    run.paper_staleness = paper_staleness(len(up["timestamp"]), int(applied.sum()), run.learners)
+    run.epochs, run.errors = t["epoch"].tolist(), t["error"].tolist()
+    pr = dump.group("predictions")
+    if pr and len(pr["steps"]):
+        run.served_steps = int(Counter(pr["steps"].tolist()).most_common(1)[0][0])
+        per_epoch = len(up["timestamp"]) / max(args.epochs, 1)
+        max_steps = args.sweep_max or 2 * run.served_steps + 4
+        run.sweep, run.no_prediction, _, run.probes = sweep(dump, max_steps, int(per_epoch))
+    return run
+
+
+def first_epoch_at(run: Run, target: float) -> float:
+    return next((e for e, err in zip(run.epochs, run.errors, strict=True) if err <= target),
+                math.nan)  # fmt: skip
+
+
+def run_all(args: argparse.Namespace, launcher: Launcher) -> list[Run]:
+    runs = []
+    kinds = [k for k in KINDS if not (k == "SSGD" and args.no_ssgd)]
+    for repeat in range(args.repeats):
+        for target in args.staleness:
+            lr = args.lr or default_lr(target)
+            for kind in kinds:
+                out = args.out / "runs" / f"S{target}-{kind}-r{repeat}"
+                run = Run(kind, target, repeat, str(out), target + 1, lr)
+                cmd = [*pserver_run(args), str(CONFIG), f"run.out_dir={out}",
+                       *overrides(kind, args, target, lr, args.seed + repeat), *args.set]
+                print(f"  S={target} {kind} r{repeat}: λ={target + 1} lr={lr:g}", flush=True)
+                launcher.run(target + 4, cmd)  # + server, stats, data server
+                runs.append(read(run, args))
+    return runs
+
+
+def report(runs: list[Run], args: argparse.Namespace) -> None:
+    rows = []
+    for target in args.staleness:
+        for kind in KINDS:
+            mine = [r for r in runs if r.target == target and r.kind == kind]
+            if not mine:
+                continue
+            rows.append([
+                f"S={target} {kind}", mine[0].learners, f"{median(r.staleness for r in mine):.2f}",
+                "-" if kind != "PP-ASGD" else str(mine[0].served_steps),
+                f"{median(r.paper_staleness for r in mine):.2f}",
+                f"{median(min(r.errors) for r in mine):.4f}",
+                f"{median(r.errors[-1] for r in mine):.4f}",
+                f"{median((first_epoch_at(r, args.target) for r in mine), drop_nan=True):g}",
+                f"{median(r.wall_time for r in mine):.1f}",
+            ])  # fmt: skip
+    print(table(["run", "λ", "⟨σ⟩", "S served", "1+F_U/F_G", "best err", "final err",
+                 f"epoch ≤{args.target:g}", "wall s"], rows,
+                title="Fig. 2: test error, medians over repeats"))  # fmt: skip
+    print()
+    for r in runs:
+        if r.kind == "PP-ASGD" and r.sweep and r.repeat == 0:
+            best = int(np.argmin(r.sweep))
+            cells = " ".join(f"{e:.4f}" for e in r.sweep)
+            print(f"Fig. 3-right, S={r.target} (⟨σ⟩ {r.staleness:.2f}, S0 {r.served_steps}, "
+                  f"{r.probes} probes): error of S' = 0..{len(r.sweep) - 1}: {cells}; minimum "
+                  f"at S' = {best}; without prediction {r.no_prediction:.4f}")  # fmt: skip
+
+
+def plot(runs: list[Run], args: argparse.Namespace) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    targets = list(args.staleness)
+    fig, axes = plt.subplots(1, len(targets), figsize=(4.5 * len(targets), 3.6), squeeze=False)
+    for ax, target in zip(axes[0], targets, strict=True):
+        for kind, style in zip(KINDS, ("-", "-", "--"), strict=True):
+            for r in (r for r in runs if r.target == target and r.kind == kind):
+                label = f"{kind} (⟨σ⟩ {r.staleness:.1f})" if r.repeat == 0 else None
+                ax.plot(r.epochs, r.errors, style, color=f"C{KINDS.index(kind)}", label=label,
+                        alpha=1.0 if r.repeat == 0 else 0.4)  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_title(f"S = {target} (λ = {target + 1})")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("test error")
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(args.out / "fig2.png", dpi=120)
+    fig, axes = plt.subplots(1, len(targets), figsize=(4.5 * len(targets), 3.6), squeeze=False)
+    for ax, target in zip(axes[0], targets, strict=True):
+        r = next((r for r in runs if r.target == target and r.kind == "PP-ASGD" and r.sweep),
+                 None)  # fmt: skip
+        if r is None:
+            continue
+        ax.plot(range(len(r.sweep)), r.sweep, "o-", label="‖w_{t+S0+1} − f_S(w_t)‖")
+        ax.axhline(r.no_prediction, ls="--", color="gray", label="‖w_{t+S0+1} − w_t‖")
+        ax.axvline(r.served_steps, ls=":", color="C3", label=f"measured S0 = {r.served_steps}")
+        ax.set_title(f"S = {target}: {r.probes} probes")
+        ax.set_xlabel("S of the prediction")
+        ax.set_ylabel("prediction error")
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(args.out / "fig3.png", dpi=120)
+    print(f"figures: {args.out / 'fig2.png'}, {args.out / 'fig3.png'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = bench_parser(__doc__, repeats=1, timeout=600.0, quiet_idle=0.0)
+    p.add_argument("--staleness", type=int, nargs="+", default=[3, 9, 27],
+                   help="target staleness S; λ = S + 1 learners (default %(default)s)")
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--compute-time", type=float, default=0.01,
+                   help="s each learner sleeps per minibatch (default %(default)s)")
+    p.add_argument("--lr", type=float, default=0.0, help="one rate for every S (default: "
+                   "min(0.05, 0.15/(S+1)))")
+    p.add_argument("--probe", type=int, default=10, help="updates between error probes")
+    p.add_argument("--sweep-max", type=int, default=0, help="largest S' of Fig. 3-right "
+                   "(default 2·S0 + 4)")
+    p.add_argument("--target", type=float, default=0.1, help="test error of the epoch column")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-ssgd", action="store_true", help="leave the hardsync runs out")
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "reproduce_ppasgd",
+                   help="folder of the figures and the runs (default %(default)s)")
+    p.add_argument("--quick", action="store_true", help="S = 3 only, 3 epochs: a smoke run")
+    args = parse(p, argv)
+    if args.quick:
+        args.staleness, args.epochs = [3], 3
+    if any(s < 0 for s in args.staleness) or args.epochs < 1 or args.probe < 1:
+        p.error("--staleness must be >= 0, --epochs and --probe >= 1")
+    args.out.mkdir(parents=True, exist_ok=True)
+    launcher = Launcher.from_args(__file__, args)
+    runs = run_all(args, launcher)
+    report(runs, args)
+    plot(runs, args)
+    write_json(args.json, {"runs": [asdict(r) for r in runs], "argv": sys.argv[1:]})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

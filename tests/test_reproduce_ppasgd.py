@@ -1,0 +1,47 @@
+"""scripts/reproduce_ppasgd.py in one process: its runs' overrides are valid configs, and the
+Fig. 3-right sweep from the probes' dot products (no mpiexec)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import reproduce_ppasgd as rp  # noqa: E402
+
+from pserver.config import load_config  # noqa: E402
+from pserver.prediction import horizon_sum  # noqa: E402
+from pserver.stats.reader import Dump  # noqa: E402
+
+
+@pytest.mark.parametrize("kind", rp.KINDS)
+def test_every_run_is_a_valid_config(kind):
+    args = argparse.Namespace(epochs=2, compute_time=0.01, probe=10)
+    cfg = load_config(rp.CONFIG, rp.overrides(kind, args, 9, rp.default_lr(9), 0))
+    assert cfg.cluster.learners == 10
+    assert cfg.protocol.predict == (kind == "PP-ASGD")
+    assert cfg.protocol.name == ("hardsync" if kind == "SSGD" else "async")
+
+
+def test_sweep_sums_the_blocks_of_a_probe_and_finds_the_minimum():
+    """Two blocks whose d is exactly a_2·M: the error is 0 at S' = 2 and ‖d‖ without prediction."""
+    mu, a2 = 0.5, horizon_sum(0.5, 2)
+    m = np.array([1.0, 2.0])  # M·M of the two blocks
+    rows = {
+        "shard": np.zeros(3, np.int32), "block": np.array([0, 1, 0], np.int32),
+        "origin": np.array([10, 10, 40]), "steps": np.array([2, 2, 1], np.int32),
+        "dd": np.array([a2 * a2 * m[0], a2 * a2 * m[1], 1.0]),
+        "dm": np.array([a2 * m[0], a2 * m[1], 0.0]), "mm": np.array([m[0], m[1], 1.0]),
+        "momentum": np.full(3, mu),
+    }  # fmt: skip
+    dump = Dump(path=Path("x.h5"), attrs={}, groups={"prediction_errors": rows})
+    curve, plain, s0, probes = rp.sweep(dump, 4, 0)
+    assert (s0, probes) == (2, 1)  # the S = 1 probe is of another S0
+    assert int(np.argmin(curve)) == 2 and curve[2] == pytest.approx(0.0, abs=1e-12)
+    assert plain == pytest.approx(a2 * np.sqrt(3.0))

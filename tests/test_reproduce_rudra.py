@@ -1,0 +1,82 @@
+"""scripts/reproduce_rudra.py: the experiment plans in one process, each experiment's --quick
+smoke run under mpiexec (every launch under the script's hard timeout)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from argparse import Namespace
+
+import pytest
+from mpirun import ROOT
+
+from pserver import launch
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import reproduce_rudra as rr  # noqa: E402
+
+
+def test_expected_staleness_tends_to_n():
+    """n(λ − 1)/λ when n divides λ: ⟨σ⟩ ≈ n of the paper is its large-λ limit."""
+    assert rr.expected_sigma(1, 4) == 0.75 and rr.expected_sigma(4, 4) == 3.0
+    assert rr.expected_sigma(2, 30) == pytest.approx(2 * 29 / 30)
+
+
+def test_sweep_plan_has_both_contours_and_the_mu_lambda_diagonal():
+    args = rr.parse_args(["sweep"])
+    cells = rr.sweep_grid(args)
+    assert {(4, lam) for lam in (1, 2, 4, 8)} <= set(cells)  # μ = 4 contour
+    assert {(32, lam) for lam in (1, 2, 4, 8)} <= set(cells)  # μ = 32 contour
+    assert {(16, 2), (8, 4), (4, 8)} <= set(cells)  # μλ = 32 (Table II)
+    jobs = rr.sweep_jobs(args)
+    assert len(jobs) == 2 + 3 * (len(cells) - 2)  # λ = 1: hardsync only
+    assert {rr.sigma_of(j) for j in jobs if j.learners == 8} == {0, 1, 8}
+    hard = next(j for j in jobs if j.key == "hardsync-mu4-l8")
+    assert "protocol.ref_batch=32" in hard.overrides and hard.ranks() == 11
+    soft = next(j for j in jobs if j.key == "8-softsync-mu4-l8")
+    assert "protocol.lr_policy=nominal" in soft.overrides  # eq. (6) as published: α0/λ
+
+
+def test_table4_plan_adds_the_aggregators():
+    jobs = {j.key: j for j in rr.table4_jobs(rr.parse_args(["table4"]))}
+    assert jobs["base-hardsync"].ranks() == 3 + 4
+    adv = jobs["adv-softsync"]
+    assert (adv.learners, adv.batch) == (12, 4) and adv.ranks() == 3 + 12 + 3  # 3 aggregators
+    assert "comm.mode=thread" in jobs["adv*-softsync"].overrides
+
+
+def test_claims_say_reproduced_or_not():
+    assert rr.Claim("§V", "x", True, "f").line().startswith("[REPRODUCED] §V: x")
+    assert rr.Claim("§V", "x", False, "f").line().startswith("[NOT REPRODUCED]")
+    assert rr.Claim("§V", "x", None, "f").line().startswith("[NOT TESTED]")
+
+
+def test_a_diverged_run_counts_as_chance():
+    job = rr.Job("k", 2, 16)
+    failed = rr.Outcome(job, ok=False, out_dir="", message="diverged (loss not finite)")
+    assert rr.fact(failed, "final_error") == 0.9 and rr.fact(None, "final_error") != 0.0
+
+
+def test_bad_options_are_one_error_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        rr.parse_args(["sweep", "--mu-small", "64", "--mu-large", "8"])
+    assert e.value.code == 2 and "--mu-small must be below" in capsys.readouterr().err
+    assert isinstance(rr.parse_args(["fig3", "--quick"]), Namespace)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("experiment", rr.EXPERIMENTS)
+def test_quick_run_prints_claims_and_draws(tmp_path, experiment):
+    cmd = [sys.executable, str(ROOT / "scripts" / "reproduce_rudra.py"), experiment, "--quick",
+           "--out", str(tmp_path), "--timeout", "150"]  # fmt: skip
+    res = launch.run(cmd, timeout=900, cwd=ROOT)
+    assert not res.reason and res.returncode == 0, res.output[-4000:]
+    out = res.stdout
+    assert "The paper's claims on these runs:" in out and "$ pserver-stats compare" in out
+    assert "REPRODUCED]" in out  # at least one verdict, REPRODUCED or NOT REPRODUCED
+    assert (tmp_path / "compare.png").stat().st_size > 10_000
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["claims"] and all(r["ok"] for r in report["runs"]), report["runs"]
+    figure = {"fig3": "fig3.png", "sweep": "tradeoff.png"}.get(experiment)
+    if figure:
+        assert (tmp_path / figure).stat().st_size > 10_000
