@@ -62,4 +62,27 @@ def train_serial_predicted(
         lr = scheduled_lr(cfg.optim, step * batch // n_train)
         updater.step(w, grad, lr)
         predictor.after_update(step + 1, 0.0, lr, w, velocity)
+def train_serial_delayed(cfg: Config, dataset: Dataset, steps: int | None = None) -> np.ndarray:
+    """HYBRID's serial reference (IBM §3): the same SGD, each gradient applied one step late.
+
+    Step k computes g_k on the weights with g_0 … g_{k-2} applied, then applies g_{k-1}; the
+    last gradient is applied after the last step, so every gradient is applied, each at the
+    learning rate of the epoch of the step that computed it.
+    """
+    model = build_model(cfg.model, dataset.n_features, dataset.n_classes, np)
+    w = model.init_params(cfg.run.seed)
+    grads = (np.empty_like(w), np.empty_like(w))
+    sampler = BatchSampler(len(dataset.y_train), cfg.data.batch_size, cfg.run.seed)
+    updater = make_updater(cfg.optim, model.n_params, np, w.dtype)
+    n_train, batch = len(dataset.y_train), cfg.data.batch_size
+    n = serial_steps(cfg, n_train) if steps is None else steps
+    for step in range(n):
+        idx = sampler.next()
+        model.loss_grad(w, dataset.X_train[idx], dataset.y_train[idx], grads[step % 2])
+        if step > 0:
+            prev = step - 1
+            updater.step(w, grads[prev % 2], scheduled_lr(cfg.optim, prev * batch // n_train))
+    if n > 0:
+        last = n - 1
+        updater.step(w, grads[last % 2], scheduled_lr(cfg.optim, last * batch // n_train))
     return w

@@ -24,6 +24,7 @@ from pserver.errors import PeerLost, RunError
 from pserver.logs import setup_logging, wait_until_read
 from pserver.startup import agree, failure_message, outcome, status_of
 from pserver.strategies import PS, PS_OVERLAP, lookup
+from pserver.strategies.collective import ALLREDUCE, ALLREDUCE_DELAYED
 from pserver.topology import Role
 
 
@@ -207,6 +208,18 @@ def ps_overlap_exchange() -> type:
     return OverlapExchange
 
 
+def allreduce_exchange() -> type:
+    from pserver.roles.allreduce import SyncExchange
+
+    return SyncExchange
+
+
+def hybrid_exchange() -> type:
+    from pserver.roles.hybrid import HybridExchange
+
+    return HybridExchange
+
+
 #: Role -> a function (ctx, w0) -> the driver whose run() is the rank's whole life.
 DRIVERS = {
     Role.SERVER: server,
@@ -216,7 +229,12 @@ DRIVERS = {
     Role.STATS: stats_server,
 }
 #: A strategy's learner exchange (``pserver.strategies``, ``Strategy.exchanges``) -> its class.
-EXCHANGES = {PS: ps_exchange, PS_OVERLAP: ps_overlap_exchange}
+EXCHANGES = {
+    PS: ps_exchange,
+    PS_OVERLAP: ps_overlap_exchange,
+    ALLREDUCE: allreduce_exchange,
+    ALLREDUCE_DELAYED: hybrid_exchange,
+}
 
 
 if __name__ == "__main__":

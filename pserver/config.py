@@ -129,6 +129,8 @@ class CommConfig:
     switch_interval: float = 5e-4  # sys.setswitchinterval: how soon a comm thread gets the GIL
     max_inflight: int = 0  # overlap modes, async/softsync: own pushes not yet acknowledged; 0: 2
     versions: int = 0  # weight buffers a block is served from (0: 1 + its readers); versions.py
+    # issue 12: the learners-only strategies' allreduce, cut into buckets of this many MiB
+    bucket_mib: float = 16.0
 
 
 @dataclass
@@ -216,6 +218,7 @@ POSITIVE = {
     "comm.poll_min",
     "comm.poll_max",
     "comm.switch_interval",
+    "comm.bucket_mib",
     "stats.flush_interval",
     "stats.buffer_rows",
     "stats.test_every",
@@ -355,6 +358,7 @@ def validate(cfg: Config) -> Config:
         if not get(cfg, key) >= 0:
             raise ConfigError(f"{key} = {get(cfg, key)!r}: expected a value >= 0")
     strategy = strategies.lookup(cfg.protocol.name)
+    default_servers(strategy, cfg)
     check_ranks(strategy, cfg)
     inject_plan(cfg).validate()
     strategy.check(cfg)  # the strategy's cross-field checks (pserver/strategies/)
@@ -417,6 +421,13 @@ def warnings(cfg: Config) -> list[str]:
     """The given keys this run ignores but does not refuse (``pserver.unused.WARNED``): rank 0
     logs them once at start."""
     return unused(cfg)[1]
+
+
+def default_servers(strategy: strategies.Strategy, cfg: Config) -> None:
+    """A learners-only strategy runs no shard: ``cluster.servers`` not given means 0 there
+    (a given nonzero value is refused by :func:`check_ranks`)."""
+    if not strategy.ranks.servers and "cluster.servers" not in cfg.given:
+        cfg.cluster.servers = 0
 
 
 def check_ranks(strategy: strategies.Strategy, cfg: Config) -> None:

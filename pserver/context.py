@@ -104,6 +104,7 @@ def prepare(
     from pserver.backend import select_backend
 
     check_thread_level(cfg.comm.mode, MPI.Query_thread())
+    check_exchange_thread(cfg, MPI.Query_thread())
     layout = make_layout(world_size, cfg, nodes)
     n_learners = len(layout.learners)
     strategy = lookup(cfg.protocol.name)
@@ -207,6 +208,29 @@ def check_thread_level(mode: str, provided: int, levels: dict[str, int] | None =
         f"MPI_THREAD_MULTIPLE; this MPI library provides {got} (check MPI4PY_RC_THREAD_LEVEL "
         f'and how the library was built), or use comm.mode = "nonblocking": the same overlap '
         "driven from one thread"
+    )
+
+
+def check_exchange_thread(cfg: Config, provided: int, levels: dict[str, int] | None = None) -> None:
+    """An exchange that always runs a communication thread (HYBRID's, whatever ``comm.mode``:
+    its allreduce overlaps the next gradient) needs MPI_THREAD_MULTIPLE too (issue 12)."""
+    from pserver.strategies.collective import THREADED
+
+    s = lookup(cfg.protocol.name)
+    if s.exchange(cfg.comm.mode) not in THREADED:
+        return
+    if levels is None:
+        from mpi4py import MPI
+
+        levels = {name: getattr(MPI, name) for name in THREAD_LEVELS}
+    if provided >= levels["THREAD_MULTIPLE"]:
+        return
+    got = {v: k for k, v in levels.items()}.get(provided, str(provided))
+    raise ConfigError(
+        f"protocol.name = {s.name!r} runs its allreduce in a communication thread while the "
+        f"next gradient is computed, so two threads call MPI at once, which needs "
+        f"MPI_THREAD_MULTIPLE; this MPI library provides MPI_{got} (check "
+        'MPI4PY_RC_THREAD_LEVEL and how the library was built), or use protocol.name = "sync"'
     )
 
 

@@ -5,6 +5,11 @@ Pure logic: nothing here touches MPI, so every layout can be checked in one proc
 Rank order: the parameter-server shards first (rank 0 is shard 0), then the statistics server,
 then the data server, then the learners. Keeping the servers at the low ranks means a hostfile
 that lists the server node first puts every shard there.
+
+A learners-only strategy (``Strategy.ranks.servers`` False: SYNC, HYBRID, ADPSGD) has no
+shard: ``cluster.servers = 0``, the statistics server is rank 0, the data server rank 1, the
+learners the rest; its blocks belong to no shard (``NO_SHARD``) and only cut the model for
+the statistics server's snapshots.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from pserver.config import Config
 from pserver.errors import ConfigError, TopologyError
 
+NO_SHARD = -1  # the shard of a block when the run has no parameter server
 MAX_BLOCKS = 30000  # replies are tagged 1000 + block; MPI guarantees tags up to 32767
 
 
@@ -248,7 +254,8 @@ def split_blocks(
 
     ``split = "size"`` makes ``count`` blocks of nearly equal size; ``split = "layer"`` makes
     one block per parameter tensor. Contiguous ownership keeps each shard's share of the model
-    one slice of memory, so a whole-shard operation is a single buffer.
+    one slice of memory, so a whole-shard operation is a single buffer. With
+    ``n_servers = 0`` (learners only) every block's shard is ``NO_SHARD``.
     """
     if split == "layer":
         bounds = [0]
@@ -268,4 +275,7 @@ def split_blocks(
             f"{n_blocks} parameter block(s) cannot feed cluster.servers = {n_servers} shards: "
             f'set blocks.count >= {n_servers} (with blocks.split = "size")'
         )
-    return [Block(i, bounds[i], bounds[i + 1], i * n_servers // n_blocks) for i in range(n_blocks)]
+    return [
+        Block(i, bounds[i], bounds[i + 1], i * n_servers // n_blocks if n_servers else NO_SHARD)
+        for i in range(n_blocks)
+    ]

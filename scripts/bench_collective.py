@@ -19,6 +19,14 @@ cpu
     ``MPI_Allreduce`` (which MPICH busy-polls). Goal:
     the bucketed allreduce under 10% of a core.
 
+sync
+    One SYNC step's exchange (issue 12, ``pserver.roles.allreduce``): the gradient's bucketed
+    allreduce exactly as a SYNC learner runs it (``comm.bucket_mib``, in-flight limit and
+    staging of the defaults config), alone and followed by the learner's local update
+    (``pserver.local_update``, the defaults' momentum rule), against ``MPI_Allreduce(IN_PLACE)``
+    on the same buffer, alternately in one launch. Printed: the times and the ratio
+    ``MPI_Allreduce / SYNC allreduce`` (1.0: no loss to the bucketing and the back-off).
+
 This file is both the driver (default) and the MPI program it launches (``--worker``).
 
 Example::
@@ -60,8 +68,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    "measurement, s (default %(default)s)")  # fmt: skip
     p.add_argument("--poll-max", type=float, default=1e-3, help="longest sleep of a wait, s "
                    "(default %(default)s, comm.poll_max's)")  # fmt: skip
-    p.add_argument("--skip", choices=["bandwidth", "cpu"], nargs="*", default=[])
-    p.add_argument("--worker", choices=["bandwidth", "cpu"], help=argparse.SUPPRESS)
+    p.add_argument("--skip", choices=["bandwidth", "cpu", "sync"], nargs="*", default=[])
+    p.add_argument("--worker", choices=["bandwidth", "cpu", "sync"], help=argparse.SUPPRESS)
     args = parse(p, argv)
     if args.ranks < 2 or args.reps < 1 or args.in_flight < 1 or args.delay <= 0:
         p.error("need --ranks >= 2, --reps >= 1, --in-flight >= 1 and --delay > 0")
@@ -145,12 +153,48 @@ def worker_cpu(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def worker_sync(args: argparse.Namespace) -> dict[str, Any]:
+    """One SYNC step's allreduce (and update) as ``pserver.roles.allreduce`` runs it."""
+    import numpy as np
+
+    from pserver.comm.collectives import DEFAULT_IN_FLIGHT, Allreducer
+    from pserver.config import load_config
+    from pserver.local_update import LocalUpdate
+
+    MPI, backend, waiter = worker_setup(args)
+    comm, cfg = MPI.COMM_WORLD, load_config(None, ['protocol.name="sync"'])
+    g = np.ones(int(args.sizes[0] * 2**20) // 4, np.float32)
+    w = np.zeros_like(g)
+    red = Allreducer(comm, backend, waiter, g.size, g.dtype, bucket_mib=cfg.comm.bucket_mib,
+                     in_flight=DEFAULT_IN_FLIGHT, staging=cfg.comm.staging)  # fmt: skip
+    update = LocalUpdate(cfg, g.size, np, g.dtype)
+
+    def step() -> None:
+        red.start(g).wait()
+        update.step(w, g, 0, divisor=float(comm.Get_size()))
+
+    ops = {
+        "MPI_Allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, g, op=MPI.SUM),
+        "SYNC allreduce": lambda: red.start(g).wait(),
+        "SYNC step": step,
+    }
+    out: dict[str, Any] = {k: [] for k in ops}
+    for rep in range(args.reps + 1):  # the first round is a warm-up
+        for key, op in ops.items():
+            t = timed(comm, MPI, op)
+            if rep:
+                out[key].append(t)
+            g.fill(1.0)
+    return out
+
+
 def worker(args: argparse.Namespace) -> None:
     import json
 
     from mpi4py import MPI
 
-    res = worker_bandwidth(args) if args.worker == "bandwidth" else worker_cpu(args)
+    run = {"bandwidth": worker_bandwidth, "cpu": worker_cpu, "sync": worker_sync}[args.worker]
+    res = run(args)
     if MPI.COMM_WORLD.Get_rank() == 0:
         print(RESULT + json.dumps(res), flush=True)
 
@@ -195,6 +239,17 @@ def cpu(launcher: Launcher, args: argparse.Namespace) -> tuple[str, dict[str, An
     return table(["allreduce", "process_time / wall"], rows, title), doc
 
 
+def sync(launcher: Launcher, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    runs = [launcher.worker(args.ranks, ["--worker", "sync", *flags(args)])
+            for _ in range(args.repeats)]  # fmt: skip
+    doc = {k: median(t for r in runs for t in r[k]) for k in runs[0]}
+    base = doc["MPI_Allreduce"]
+    rows = [[k, f"{1e3 * v:.2f}", f"{base / v:.2f}"] for k, v in doc.items()]
+    title = (f"one SYNC step's exchange, {args.sizes[0]:g} MiB float32 on {args.ranks} ranks, "
+             f"median of {args.reps} x {args.repeats}")  # fmt: skip
+    return table(["operation", "ms", "MPI_Allreduce / this"], rows, title), doc
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
@@ -202,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     launcher = Launcher.from_args(__file__, args)
     doc: dict[str, Any] = {"ranks": args.ranks, "in_flight": args.in_flight}
-    for name, measure in (("bandwidth", bandwidth), ("cpu", cpu)):
+    for name, measure in (("bandwidth", bandwidth), ("cpu", cpu), ("sync", sync)):
         if name not in args.skip:
             text, doc[name] = measure(launcher, args)
             print(text, "\n", flush=True)

@@ -56,6 +56,8 @@ PURE = (
     "pserver.versions",
     "learners/",
     "pserver.prediction",
+    "pserver.lockstep",  # issue 12: learners-only runs' steps, epochs and data quota
+    "pserver.local_update",  # issue 12: a learner's own update rule
 )
 IMPURE = ("mpi4py", "pserver.comm", "pserver.roles")
 

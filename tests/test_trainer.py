@@ -197,3 +197,27 @@ def test_no_role_driver_subclasses_another() -> None:
                 bases = [ast.unparse(b) for b in node.bases if ast.unparse(b) != "Protocol"]
                 derived += [f"{path.name}: {node.name}({', '.join(bases)})"] if bases else []
     assert derived == []
+
+
+def test_the_data_servers_stop_ends_the_loop() -> None:
+    """Learners-only (issue 12): once the prefetcher says the run's minibatches are all served
+    (``get()`` is None), the loop ends cleanly though the exchange would hand out more."""
+    models = [np.array([1.0, 0.0, 0.0])] * 3
+    trainer, ex, records = make([], models)
+    served = iter([True])
+    real_get = trainer.prefetch.get
+    trainer.prefetch.get = lambda: real_get() if next(served, False) else None
+    trainer.run()
+    assert ex.calls.count("gradient") == 1 and ex.calls[-4:] == [
+        "close", "prefetch.close", "finish", "prefetch.bye",
+    ]
+    (learners,) = [row for group, row in records.rows if group == "learners"]
+    assert learners["minibatches"] == 1 and records.said_bye
+
+
+def test_an_exchange_with_rows_of_its_own_writes_them_with_the_trainers() -> None:
+    trainer, ex, records = make([], [np.zeros(3)])
+    got = []
+    ex.attach = got.append
+    Trainer(trainer.ctx, ex, trainer.prefetch)
+    assert got == [records]

@@ -3,9 +3,15 @@
 A single ``BatchSampler`` serves every learner in request order, so with one learner the
 sequence of minibatches is exactly that of a serial run with the same seed.
 
-In the parameter-server families the shards decide when training is over (``pserver.epochs``);
-a learners-only run has no shard, so the data server, which counts every minibatch, decides
-(``run_over``) and a learners-only strategy answers the requests after the last one with a stop.
+In the parameter-server families the shards decide when training is over (``pserver.epochs``)
+and every request is served. A learners-only run has no shard, so the data server, which
+counts every minibatch, decides (``pserver.lockstep.DataQuota``): a request past the quota is
+answered with a stop, an empty minibatch (zero features, zero labels) on the same two tags, so
+the learner's receives match it as they match a minibatch. Lockstep strategies (SYNC, HYBRID)
+get ``S`` minibatches per learner, exactly the steps each takes (a learner that prefetched
+ahead cannot take a slower one's last), learner i's k-th being draw kλ + i of the stream
+(``LockstepDraws``: the run does not depend on arrival order); free-running ones (ADPSGD)
+share ``M`` in request order.
 """
 
 from __future__ import annotations
@@ -15,7 +21,21 @@ import numpy as np
 from pserver.comm.inbox import Inbox
 from pserver.context import Context
 from pserver.epochs import EpochCounter
+from pserver.lockstep import FREE, LOCKSTEP, DataQuota, LockstepDraws, total_minibatches
+from pserver.strategies import lookup
 from pserver.wire import Tag, WireError
+
+NO_X = np.empty((0, 0), dtype=np.float32)  # the stop: an empty minibatch
+NO_Y = np.empty(0, dtype=np.int64)
+
+
+def quota(ctx: Context) -> DataQuota | None:
+    """The learners-only strategies' quota; None (serve every request) with server shards."""
+    s = lookup(ctx.cfg.protocol.name)
+    if s.ranks.servers:
+        return None
+    kind = LOCKSTEP if s.lockstep else FREE
+    return DataQuota(kind, total_minibatches(ctx.cfg, ctx.train_size), len(ctx.layout.learners))
 
 
 class DataServer:
@@ -33,6 +53,11 @@ class DataServer:
         self.live = set(ctx.layout.learners)
         self.served = 0
         self.epochs = EpochCounter.from_config(ctx.cfg, ctx.train_size)
+        self.quota = quota(ctx)
+        lockstep = self.quota is not None and self.quota.kind == LOCKSTEP
+        n = len(ctx.layout.learners)
+        self.draws = LockstepDraws(n, self.sampler.next) if lockstep else None
+        self.stopped = 0  # requests answered with a stop
 
     def run(self) -> None:
         inbox = Inbox(self.comm, self.waiter, self.ctx.peers)
@@ -45,18 +70,26 @@ class DataServer:
                 self.live.discard(h.sender)
             else:
                 raise WireError(f"data server got unexpected {h} from rank {h.sender}")
-        self.ctx.log.debug("served %d minibatches", self.served)
+        self.ctx.log.debug("served %d minibatches, %d stops", self.served, self.stopped)
 
     def serve(self, dest: int) -> None:
-        idx = self.sampler.next()
+        learner = self.ctx.layout.index(dest)
+        if self.quota is not None and not self.quota.allows(learner):
+            self.send(NO_X, NO_Y, dest)
+            self.stopped += 1
+            return
+        if self.draws is not None:  # learner i's k-th minibatch: draw kλ + i
+            idx = self.draws.take(learner, self.quota.served[learner] - 1)
+        else:
+            idx = self.sampler.next()
         np.take(self.X, idx, axis=0, out=self.xbuf)
         np.take(self.y, idx, out=self.ybuf)
-        reqs = [
-            self.comm.Isend(self.xbuf, dest, Tag.DATA_X),
-            self.comm.Isend(self.ybuf, dest, Tag.DATA_Y),
-        ]
-        self.waiter.waitall(reqs, f"minibatch delivery to rank {dest}")
+        self.send(self.xbuf, self.ybuf, dest)
         self.served += 1
+
+    def send(self, X: np.ndarray, y: np.ndarray, dest: int) -> None:
+        reqs = [self.comm.Isend(X, dest, Tag.DATA_X), self.comm.Isend(y, dest, Tag.DATA_Y)]
+        self.waiter.waitall(reqs, f"minibatch delivery to rank {dest}")
 
     def run_over(self) -> bool:
         """Whether the minibatches served so far complete ``run.epochs`` (learners-only runs)."""

@@ -4,6 +4,10 @@ Slots (preallocated feature and label buffers) circulate between two queues: the
 free slot and hands it over as ready; the learner hands it back once the gradient is computed.
 Both sides block on the queues (condition variables), never on a polled flag; ``None`` in the
 free queue is the stop sentinel.
+
+A learners-only run ends at the data server (``pserver.roles.dataserver``): a request past its
+quota is answered with an empty minibatch, after which :meth:`Prefetcher.get` returns None and
+the thread fetches nothing more.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ class Slot:
         gpu = backend.is_gpu
         self.dev_X = backend.xp.empty(self.X.shape, self.X.dtype) if gpu else self.X
         self.dev_y = backend.xp.empty(self.y.shape, self.y.dtype) if gpu else self.y
+        self.status = MPI.Status()  # of the labels' receive: zero labels is the data's end
+        self.stop = False
 
     def on_device(self) -> tuple[Any, Any]:
         if self.dev_X is not self.X:
@@ -49,6 +55,7 @@ class Prefetcher:
         for _ in range(ctx.cfg.data.prefetch):
             self.free.put(Slot(batch, features, ctx.backend))
         self.current: Slot | None = None
+        self.over = False  # the data server answered with its stop
         self.out = header_buffer()
         self.threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
         if not self.threaded:
@@ -66,6 +73,8 @@ class Prefetcher:
             while (slot := self.free.get()) is not None:
                 self.fetch(slot)
                 self.ready.put(slot)
+                if slot.stop:  # nothing follows the data server's stop
+                    break
         except BaseException as e:  # handed to the learner, which raises it on its own thread
             self.ready.put(e)
 
@@ -76,10 +85,27 @@ class Prefetcher:
         ]
         hdr = Header(Tag.DATA_REQ, -1, -1, self.ctx.rank).pack(self.out[0])
         self.comm.Send(hdr, self.data_rank, Tag.DATA_REQ)
-        self.waiter.waitall(reqs, f"a minibatch from the data server (rank {self.data_rank})")
+        statuses = [MPI.Status(), slot.status]
+        self.waiter.until(
+            lambda: MPI.Request.Testall(reqs, statuses),
+            f"a minibatch from the data server (rank {self.data_rank})",
+        )
+        slot.stop = slot.status.Get_count(MPI.BYTE) == 0
 
-    def get(self) -> tuple[Any, Any]:
-        """The next minibatch as arrays of the learner's backend (blocks until one is ready)."""
+    def get(self) -> tuple[Any, Any] | None:
+        """The next minibatch as arrays of the learner's backend (blocks until one is ready);
+        None once the data server has said the run's minibatches are all served."""
+        if self.over:
+            return None
+        item = self.next_slot()
+        if item.stop:
+            self.over = True
+            self.free.put(item)
+            return None
+        self.current = item
+        return item.on_device()
+
+    def next_slot(self) -> Slot:
         if not self.threaded:
             slot = self.free.get()
             assert slot is not None
@@ -88,8 +114,7 @@ class Prefetcher:
         item = self.ready.get()
         if isinstance(item, BaseException):
             raise RuntimeError("the prefetch thread failed") from item
-        self.current = item
-        return item.on_device()
+        return item
 
     def release(self) -> None:
         if self.current is not None:

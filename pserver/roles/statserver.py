@@ -143,7 +143,10 @@ class StatsServer:
                 dropped_records={str(r): g for r, g in sorted(self.dropped.items())},
                 dropped_records_total=sum(sum(g.values()) for g in self.dropped.values()),
             )
-        sigma = rows.get("gradients", {}).get("staleness")
+        # the shards' gradients, or the learners-only strategies' exchanges (issue 12)
+        sigma = rows.get("gradients", {}).get("staleness") or rows.get("exchanges", {}).get(
+            "staleness"
+        )
         if sigma:
             self.sigma_sum += sum(sigma)
             self.sigma_n += len(sigma)

@@ -5,6 +5,8 @@ The trainer knows nothing of servers. Its exchange decides what happens to the w
 ``gradient_buffer()`` lends the array the gradient is computed into, ``gradient(g)`` takes it,
 ``done()`` drains what the exchange still has to deliver (returning the seconds blocked on the
 last push), ``close()`` stops its progress (also after an error) and ``finish()`` says goodbye.
+An exchange that writes rows of its own (the learners-only ones: ``exchanges``, ``drift``) has
+``attach(records)``, called once with the trainer's record buffer.
 The trainer owns the rest: the minibatches (from the prefetcher), the non-finite check, the
 injected faults and delays (``inject.*``), the timings and the ``train`` and ``learners`` rows.
 """
@@ -44,6 +46,9 @@ class Trainer:
         self.ex, self.prefetch = exchange, prefetch
         self.index = ctx.layout.index(ctx.rank)
         self.records = ctx.records()
+        attach = getattr(exchange, "attach", None)
+        if attach is not None:  # its rows go with ours, in one stream
+            attach(self.records)
         self.model = ctx.model
         self.inject = inject_plan(self.cfg)
         self.slow = self.index == self.cfg.inject.slow_learner
@@ -71,7 +76,10 @@ class Trainer:
         if self.ex.freeze_after_weights:
             self.freeze()
         t1 = time.perf_counter()
-        X, y = self.prefetch.get()
+        batch = self.prefetch.get()
+        if batch is None:  # learners-only: the data server served the run's last minibatch
+            return False
+        X, y = batch
         t2 = time.perf_counter()
         grad = self.ex.gradient_buffer()
         self.compute(w, X, y, grad)

@@ -62,7 +62,22 @@ def _fmt(value: Any, spec: str = ".4g") -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def _exchange_lines(ex: dict[str, Any]) -> list[str]:
+    """The learners-only strategies' staleness (``exchanges`` rows) and drift."""
+    st = ex["staleness"]
+    drift = f"   max drift |w_i - w_0| {_fmt(ex.get('max_drift'))}" if "max_drift" in ex else ""
+    return [
+        f"exchanges    {ex['count']}   wait {_fmt(ex.get('wait_time'), '.2f')} s{drift}",
+        f"staleness    ⟨σ⟩ over exchanges {_fmt(st['mean'])}   max σ {_fmt(st['max'])}   "
+        f"p50 {_fmt(st['p50'])}   p99 {_fmt(st['p99'])}",
+        *format_histogram(st["histogram"]),
+    ]
+
+
 def _staleness_lines(summary: dict[str, Any]) -> list[str]:
+    ex = summary.get("exchanges", {})
+    if ex.get("count") and not summary["gradients"]["count"]:  # a learners-only run
+        return _exchange_lines(ex)
     grads, upd = summary["gradients"], summary["updates"]
     st = grads["staleness"]
     lines = [

@@ -14,7 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from pserver.stats.reader import Dump
+from pserver.stats.reader import Dump, exchange_staleness
 
 MAX_LEGEND_ENTRIES = 12  # beyond this a legend hides the plot (Rudra ran 30-54 learners)
 TIME_LABEL = "wall time (s)"
@@ -93,6 +93,8 @@ def staleness_figure(dump: Dump) -> Figure:
     stale = grads["staleness"][applied] if n else np.zeros(0, np.int64)
     learner = grads["learner"][applied] if n and "learner" in grads else np.zeros_like(stale)
     probs: list[float] = []
+    if stale.size == 0:  # a learners-only run: the exchanges' σ (issue 12)
+        stale, learner = exchange_staleness(dump)
     if stale.size == 0:
         _empty(ax, "gradients")
         mean_text = "n/a"

@@ -198,6 +198,33 @@ def _gradients(dump: Dump) -> dict[str, Any]:
     return out
 
 
+def exchange_staleness(dump: Dump) -> tuple[np.ndarray, np.ndarray]:
+    """(σ, learner) of every ``exchanges`` row: the learners-only strategies' staleness
+    (SYNC 0, HYBRID 1, ADPSGD the partner model's age), next to the shards' ``gradients``."""
+    ex = dump.group("exchanges")
+    n = dump.rows("exchanges") if "staleness" in ex else 0
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    learner = ex["learner"][:n] if "learner" in ex else np.zeros(n, np.int64)
+    return ex["staleness"][:n], learner
+
+
+def _exchanges(dump: Dump) -> dict[str, Any]:
+    stale, who = exchange_staleness(dump)
+    out: dict[str, Any] = {"count": int(stale.size), "staleness": staleness_summary(stale)}
+    if stale.size:
+        out["per_learner_mean"] = {
+            int(lid): float(stale[who == lid].mean()) for lid in np.unique(who)
+        }
+        ex = dump.group("exchanges")
+        if "wait_time" in ex:
+            out["wait_time"] = float(np.sum(ex["wait_time"]))
+    drift = dump.group("drift")
+    if dump.rows("drift") and "max_diff" in drift:
+        out["max_drift"] = float(np.max(drift["max_diff"]))
+    return out
+
+
 def _updates(dump: Dump) -> dict[str, Any]:
     upd = dump.group("updates")
     n = dump.rows("updates")
@@ -294,6 +321,7 @@ def summarize(dump: Dump) -> dict[str, Any]:
         "run": {k: dump.attrs[k] for k in run_keys if k in dump.attrs},
         "updates": _updates(dump),
         "gradients": _gradients(dump),
+        "exchanges": _exchanges(dump),
         "learners": learners,
         "test": _test(dump),
         "wall_time": wall,

@@ -201,6 +201,29 @@ class PredictionError:
     error: float = col("float64", "‖w_{t+H} - f_S(w_t, M_t)‖ of the block")
     momentum: float = col("float64", "μ (the error for any S': d·d - 2a·d·M + a²·M·M)")
     time: float = col("float64", "s since start (at t + H)")
+class Exchange:
+    """Issue 12: one row per step of a learners-only learner (SYNC, HYBRID, ADPSGD)."""
+
+    learner: int = col("int32", "learner index")
+    step: int = col("int64", "the learner's step whose gradient or model was exchanged")
+    partner: int = col("int32", "learner exchanged with; -1: all (an allreduce)")
+    staleness: int = col("int32", "σ in steps: SYNC 0, HYBRID 1, ADPSGD the partner model's age")
+    partner_step: int = col("int64", "the partner's step count (ADPSGD's vector clock); -1: none")
+    bytes: int = col(
+        "int64", "bytes of the array exchanged (an allreduce's buffer; ADPSGD: the model sent)"
+    )
+    wait_time: float = col("float64", "s blocked on the exchange in this step")
+    time: float = col("float64", "s since start")
+
+
+@dataclass(frozen=True)
+class Drift:
+    """Issue 12: how far the learners' models are apart, once per epoch (learners-only)."""
+
+    epoch: int = col("int32", "the epoch that ended")
+    time: float = col("float64", "s since start")
+    max_diff: float = col("float64", "largest |w_i - w_0| over learners i and parameters")
+    learner: int = col("int32", "the learner i it was found on (0 when all are equal)")
 
 
 VECTOR_CLOCK = Column("vector_clock", "int64", "timestamps of the aggregated gradients")
@@ -220,6 +243,8 @@ GROUPS: dict[str, Group] = {
         Group("delays", "one per injected pull delay", Delay),
         Group("predictions", "one per update of a PP-ASGD shard", Prediction),
         Group("prediction_errors", "one per PP-ASGD error probe of a block", PredictionError),
+        Group("exchanges", "one per learners-only learner step", Exchange),
+        Group("drift", "one per epoch end of a learners-only run", Drift),
     )
 }
 

@@ -13,16 +13,20 @@ from typing import Any
 from pserver.errors import ConfigError
 from pserver.strategies.base import FAMILIES, PS, PS_OVERLAP, Param, Ranks, Strategy
 from pserver.strategies.hardsync import HARDSYNC
+from pserver.strategies.hybrid import HYBRID
 from pserver.strategies.psp import PSP
 from pserver.strategies.softsync import ASYNC, SOFTSYNC
 from pserver.strategies.ssp import SSP
+from pserver.strategies.sync import SYNC
 
 __all__ = [
     "FAMILIES", "PS", "PS_OVERLAP", "REGISTRY", "Param", "Ranks", "Strategy", "lookup",
     "make_protocol", "names", "owners", "params",
 ]
 
-REGISTRY: dict[str, Strategy] = {s.name: s for s in (HARDSYNC, SOFTSYNC, ASYNC, PSP, SSP)}
+REGISTRY: dict[str, Strategy] = {
+    s.name: s for s in (HARDSYNC, SOFTSYNC, ASYNC, PSP, SSP, SYNC, HYBRID)
+}
 
 
 def names() -> tuple[str, ...]:

@@ -64,7 +64,8 @@ class Strategy:
     of the latest update (the shard protocol's attribute of the same name, tested equal);
     ``tree``: the aggregator tree may sum its gradients (``cluster.tree_fanout``);
     ``layered``: keys of a layer over the strategy, not of its family (PP-ASGD's
-    ``protocol.predict*`` over the parameter-server strategies, whose checks hold them)."""
+    ``protocol.predict*`` over the parameter-server strategies, whose checks hold them);
+    ``lockstep``: see the field."""
 
     name: str
     family: str
@@ -78,6 +79,9 @@ class Strategy:
     tree: bool = False
     checks: tuple[Check, ...] = ()
     layered: tuple[Param, ...] = ()
+    # learners-only: every learner takes the same number of steps (SYNC, HYBRID: their
+    # allreduce needs every learner); False: free-running learners (pserver.lockstep)
+    lockstep: bool = False
 
     def uses(self, key: str) -> bool:
         """Whether ``protocol.<key>`` means anything to this strategy."""

@@ -1,0 +1,107 @@
+"""HYBRID's learner exchange (IBM, Zhang et al., §3 and Fig. 3): SYNC's allreduce, overlapped
+with the next gradient, so every gradient is applied one step late (staleness 1).
+
+Step k: the learner computes g_k into one of two gradient buffers, then waits for the
+allreduce of g_{k-1} (started at step k-1, progressed since by the communication thread of
+the comm engine, ``pserver.comm.engine``, while g_k was computed), applies the average of
+g_{k-1} (``pserver.roles.lockstep_model``) and starts the allreduce of g_k in the other buffer.
+So g_k is computed on the model with g_0 … g_{k-2} applied and lands after g_{k-1}: σ = 1
+(σ = 0 for g_0, which lands on w0). Exactly one allreduce is in flight; the buffer it sums in
+place is never the one the next gradient is computed into (separate send and receive
+buffers, alternating). The last gradient lands in ``done()``, after the last step, so every
+gradient is applied. ``learners.serial.train_serial_delayed`` is the serial reference.
+
+The communication thread calls MPI beside the compute thread (and the prefetch thread), in
+every ``comm.mode`` (the overlap is what HYBRID is): MPI_THREAD_MULTIPLE is needed, checked
+before training (``pserver.context.check_exchange_thread``).
+
+Liveness: as SYNC's (``pserver.roles.allreduce``): every learner starts one allreduce per
+step, in the same order, for the same S steps (``pserver.lockstep.RunPlan``), and waits for
+it at its next step or in ``done()``; the thread tests it with back-off until it completes,
+and a wait ends once it has (``CommEngine.wait``: the condition is evaluated after every
+progress that completed a bucket). The drift collectives at an epoch end run with no
+allreduce in flight, at the same step index on every learner.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pserver.comm.collectives import Handle
+from pserver.comm.engine import CommEngine
+from pserver.context import Context
+from pserver.roles.allreduce import allreducer
+from pserver.roles.lockstep_model import LockstepModel
+
+
+class HybridExchange:
+    """One allreduce in flight in the comm engine; each gradient applied a step late."""
+
+    freeze_after_weights = False
+    relayed_bytes = 0
+
+    def __init__(self, ctx: Context, weights: Any) -> None:
+        self.model = LockstepModel(ctx, weights)
+        self.waiter = self.model.waiter
+        self.bufs = (ctx.xp.empty_like(weights), ctx.xp.empty_like(weights))
+        self.allreduce = allreducer(ctx, self.model, weights)
+        self.flight: Handle | None = None
+        self.flight_step = self.flight_version = 0
+        self.steps = 0
+        self.have = {0: 0}
+        self.backend, self.on_device = ctx.backend, False
+        self.engine = CommEngine(self.progress, self.waiter, threaded=True)  # any comm.mode
+        self.engine.start()
+
+    def attach(self, records: Any) -> None:
+        self.model.records = records
+
+    def progress(self) -> bool:
+        """The engine's test (under its lock, on the communication thread alone): whether a
+        bucket of the allreduce completed."""
+        if not self.on_device:  # CUDA's current device is per thread: the staging copies of
+            self.backend.activate()  # later buckets run here, on this rank's device
+            self.on_device = True
+        h = self.flight
+        if h is None or h.done:
+            return False
+        seen = h.progress
+        return h.test() or h.progress != seen
+
+    def weights(self) -> Any | None:
+        return None if self.steps >= self.model.steps else self.model.w
+
+    def gradient_buffer(self) -> Any:
+        return self.bufs[self.steps % 2]  # not the one in flight (that is steps - 1's)
+
+    def gradient(self, g: Any) -> None:
+        computed_at = self.model.version  # g was computed before the previous average lands
+        self.land()
+        with self.engine.lock:
+            self.flight = self.allreduce.start(g)
+        self.flight_step, self.flight_version = self.steps, computed_at
+        self.steps += 1
+
+    def land(self) -> float:
+        """Wait for the allreduce in flight and apply its average; the seconds blocked."""
+        h = self.flight
+        if h is None:
+            return 0.0
+        waited = self.engine.wait(lambda: h.done, f"the allreduce of step {self.flight_step}")
+        self.flight = None
+        step = self.flight_step
+        self.model.apply(self.bufs[step % 2], step, self.flight_version, waited)
+        self.have[0] = self.model.version
+        return waited
+
+    def staleness(self) -> tuple[float, int]:
+        return 0.0, 0
+
+    def done(self) -> float:
+        return self.land()  # the last gradient
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def finish(self) -> None:
+        self.model.finish()
