@@ -81,9 +81,9 @@ def data_size(cfg: DataConfig) -> tuple[int, str]:
 def _digits(cfg: DataConfig, seed: int) -> Dataset:
     """UCI's 8x8 handwritten digits (1,797 samples), the copy that ships with scikit-learn.
 
-    Read straight from scikit-learn's CSV: importing ``sklearn.datasets`` takes ~1.2 s per
-    process (most of it SciPy building docstrings), i.e. ~4 s of a 7-rank job's start on
-    2 cores, against ~20 ms for the file.
+    Read straight from scikit-learn's CSV: importing ``sklearn.datasets`` takes about a second
+    per process (most of it SciPy building docstrings), on every rank of a job, where reading
+    the file takes milliseconds (docs/performance.md, "Loading the digits").
     """
     X, y = _digits_csv()
     X = (X / 16.0).astype(np.float32)

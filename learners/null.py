@@ -1,8 +1,8 @@
 """A model that computes nothing, for benchmarks of the communication alone.
 
 It has ``size_mib`` MiB of parameters and a gradient of zeros, so a learner's step costs the
-push, the pull and one ``memset`` of the gradient (at memory bandwidth: ~5 ms for 64 MiB on the
-2-core development machine). The gradient is written every step: a learner's gradient buffers
+push, the pull and one ``memset`` of the gradient, at memory bandwidth (docs/performance.md).
+The gradient is written every step: a learner's gradient buffers
 come from ``empty`` and, under ``comm.transport = "shm"``, the shard's update may use the
 learner's slot as scratch, so "zeros after the first fill" does not hold. Left unwritten, a
 run pushed whatever the memory held (NaN in the final weights of 6 of 15 soak runs). With

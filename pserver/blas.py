@@ -2,10 +2,9 @@
 
 Every rank is its own process, and numpy/scipy's OpenBLAS starts one thread per core in each of
 them: 7 ranks on 2 cores would run 14 BLAS threads, and OpenBLAS's idle threads spin before they
-sleep. Measured on the 2-core development machine with one shard and one learner exchanging a
-64 KiB model (``mpiexec -n 4``, zero-compute model): the shard's process used 112 % of a core with
-OpenBLAS's default 2 threads and 49 % with one, and a push/pull step took 612 µs instead of
-425 µs. MPI codes set ``OMP_NUM_THREADS=1`` per rank for the same reason.
+sleep, taking the cores the other ranks compute and communicate on (docs/performance.md, "BLAS
+threads per rank", has the figures and the command). MPI codes set ``OMP_NUM_THREADS=1`` per
+rank for the same reason.
 """
 
 from __future__ import annotations
@@ -57,8 +56,7 @@ def limit_late_blas() -> None:
     threadpoolctl limits the libraries loaded when it is called. SciPy wheels bring their own
     OpenBLAS, which only the SGD update loads (:func:`pserver.optim._blas_axpy`, called by
     :func:`pserver.optim.preload` before the start barrier on a shard); left out of
-    the limit it started 2 threads on 2 cores and the shard used 111-120 % of a core instead
-    of ~50 % (64 KiB model, ``cpu_time`` in the dump).
+    the limit it starts one thread per core, which spin beside the shard's own.
     """
     if _chosen is None:
         return

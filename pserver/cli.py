@@ -137,8 +137,9 @@ def run(ctx, world) -> None:  # noqa: ANN001 - Context and MPI.Comm, imported la
 
     ctx.log = setup_logging(ctx.rank, ctx.layout.describe(ctx.rank), ctx.cfg.run.log_level)
     ctx.channels = Channels.create(world)
-    # a thread that waits for the GIL gets it after at most this long (Python's default, 5 ms,
-    # left a comm thread 42% of its bandwidth beside pure-Python compute; 0.5 ms: 83%)
+    # a thread that waits for the GIL gets it after at most this long: Python's default 5 ms
+    # starves a comm thread beside pure-Python compute (docs/architecture.md, "The
+    # communication thread and the GIL", has the figures)
     sys.setswitchinterval(ctx.cfg.comm.switch_interval)
     limit_blas_threads(ctx.cfg.run.blas_threads, ctx.log)
     weights = ctx.model.init_params(ctx.cfg.run.seed)  # same seed on every rank: same w0

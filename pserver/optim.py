@@ -18,14 +18,13 @@ adagrad   ``h += d * d;     w -= (lr * d) / (sqrt(h) + eps)``
 The numpy path evaluates exactly these expressions in the same order, rounding each operation to
 the block's dtype (scalars are cast to that dtype, as NumPy does with Python floats), except
 plain SGD on float32/float64: there ``w -= lr * d`` (and ``d = g + wd * w``) is BLAS ``axpy``,
-one pass over memory instead of two. A server's update is memory bound (a 16 MiB block: 3 ms
-as two NumPy passes, 1.2 ms as one ``axpy`` here), and it sits between a learner's push and its
-pull. ``axpy`` may round ``w - lr * d`` once (a fused multiply-add) where NumPy rounds twice:
-the results agree to float tolerance, and a run is still bit-for-bit the serial reference,
-which uses this same updater. The CUDA
-kernels are compiled with ``--fmad=false`` so that ``a * b + c`` is not contracted into a fused
-multiply-add: the GPU then rounds the same operations the same way, and a run on a GPU can be
-checked against a numpy reference run.
+one pass over memory instead of two. A server's update is memory bound, so it takes about half
+the time (docs/performance.md), and it sits between a learner's push and its pull. ``axpy`` may
+round ``w - lr * d`` once (a fused multiply-add) where NumPy rounds twice: the results agree to
+float tolerance, and a run is still bit-for-bit the serial reference, which uses this same
+updater. The CUDA kernels are compiled with ``--fmad=false`` so that ``a * b + c`` is not
+contracted into a fused multiply-add: the GPU then rounds the same operations the same way, and
+a run on a GPU can be checked against a numpy reference run.
 """
 
 from __future__ import annotations
@@ -231,8 +230,9 @@ def _blas_axpy(dtype: np.dtype) -> Any:
 def preload(rule: str, xp: Any, dtype: Any) -> None:
     """Load now what the first :meth:`Updater.step` of ``rule`` would import (SciPy's BLAS).
 
-    A shard calls this before the start barrier: imported at the first update instead, SciPy
-    took 1-3 s while overlapped learners went on computing from w0 (async, λ = 4: max σ 134).
+    A shard calls this before the start barrier: imported at the first update instead, SciPy's
+    import delays that update while overlapped learners go on computing from w0, so the first
+    gradients arrive very stale (docs/performance.md, "Importing SciPy before the start").
     The BLAS thread limit reaches SciPy's own OpenBLAS here too (:func:`_blas_axpy`).
     """
     if rule == "sgd" and not _is_cupy(xp):

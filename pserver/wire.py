@@ -21,16 +21,16 @@ HEADER_WORDS = 5
 class Tag(enum.IntEnum):
     """Message kinds; also the MPI tag that headers travel with on the control communicator."""
 
-    PULL = 1  # learner -> server: block, timestamp it holds, aux = oldest timestamp it accepts
+    PULL = 1  # learner -> server: block, timestamp it holds, aux = pull_aux(oldest it accepts)
     PUSH = 2  # learner -> server: block, timestamp of the weights used; payload follows
     # (aux = push_aux(iteration): 0, or the learner's iteration tag as a negative number;
-    # from an aggregator: aux = n summed gradients, whose clocks follow as a CLOCK message)
-    REPLY = 3  # server -> learner: aux = one of Reply; block, timestamp of the weights
+    # from an aggregator: aux = sum_aux(n summed gradients), whose clocks follow as a CLOCK)
+    REPLY = 3  # server -> learner: aux = reply_aux(Reply, version); block, weights' timestamp
     BYE = 4  # learner -> server / data server / stats server: this learner is finished
     DATA_REQ = 5  # learner I/O thread -> data server: send me a minibatch
     DATA_X = 6  # data server -> learner: minibatch features (payload)
     DATA_Y = 7  # data server -> learner: minibatch labels (payload)
-    MODEL = 8  # server -> stats server: block weights for the test at an epoch end (aux = epoch)
+    MODEL = 8  # server -> stats server: block weights for an epoch's test, aux = model_aux(epoch)
     RECORDS = 9  # anyone -> stats server: a small dict of statistics rows (pickled control data)
     SERVER_BYE = 10  # server -> stats server: the shard is finished
     CLOCK = 11  # aggregator -> parent, right after a PUSH with aux = n: n (learner, timestamp)
@@ -41,6 +41,48 @@ class Reply(enum.IntEnum):
     WEIGHTS = 1  # newer weights follow as a payload
     CURRENT = 2  # the learner's copy is current: no payload (Rudra's timestamp inquiry)
     STOP = 3  # training is over for this block
+
+
+# -- the aux word, one encoder and one decoder per message kind --------------------------------
+# Outside this module nobody reads or compares ``Header.aux`` raw: it means a different thing for
+# every kind (tests/test_wire.py checks the code base for raw uses).
+
+
+def pull_aux(oldest: int) -> int:
+    """The aux word of a PULL: the oldest timestamp the puller accepts (a long poll asks ts + 1)."""
+    return int(oldest)
+
+
+def pull_oldest(aux: int) -> int:
+    """The oldest timestamp a PULL accepts; see pull_aux."""
+    return aux
+
+
+def push_aux(iteration: int | None) -> int:
+    """The aux word of a learner's push: 0 (block rule), or ``-(iteration + 1)`` (< 0).
+
+    Negative, so that it can never be read as an aggregator's count of summed gradients (> 0).
+    """
+    return 0 if iteration is None else -(iteration + 1)
+
+
+def push_iteration(aux: int) -> int | None:
+    """The iteration tag of a learner's push (None under the block rule); see push_aux."""
+    return None if aux >= 0 else -aux - 1
+
+
+def sum_aux(n: int) -> int:
+    """The aux word of an aggregator's push: the number ``n >= 1`` of gradients it summed, whose
+    (learner, timestamp) pairs follow as a CLOCK message."""
+    if n < 1:
+        raise ValueError(f"an aggregator's push sums at least one gradient, not {n}")
+    return n
+
+
+def push_summed(aux: int) -> int:
+    """How many gradients a PUSH carries summed by an aggregator (followed by a CLOCK message of
+    that many pairs); 0 for a learner's own push (push_aux: 0 or negative)."""
+    return max(aux, 0)
 
 
 VERSION_SHIFT = 8  # a reply's aux: the Reply kind in the low byte, a window version above it
@@ -56,17 +98,19 @@ def split_reply(aux: int) -> tuple[int, int]:
     return aux & ((1 << VERSION_SHIFT) - 1), aux >> VERSION_SHIFT
 
 
-def push_aux(iteration: int | None) -> int:
-    """The aux word of a learner's push: 0 (block rule), or ``-(iteration + 1)`` (< 0).
-
-    Negative, so that it can never be read as an aggregator's count of summed gradients (> 0).
-    """
-    return 0 if iteration is None else -(iteration + 1)
+def reply_kind(aux: int) -> int:
+    """The Reply kind of a reply's aux word (whatever window version it names); see reply_aux."""
+    return split_reply(aux)[0]
 
 
-def push_iteration(aux: int) -> int | None:
-    """The iteration tag of a learner's push (None under the block rule); see push_aux."""
-    return None if aux >= 0 else -aux - 1
+def model_aux(epoch: int) -> int:
+    """The aux word of a MODEL message: the epoch whose end the snapshot is for."""
+    return int(epoch)
+
+
+def model_epoch(aux: int) -> int:
+    """The epoch of a MODEL message; see model_aux."""
+    return aux
 
 
 class WireError(PserverError):

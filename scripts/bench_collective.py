@@ -8,16 +8,19 @@ bandwidth
     place, alternately with a blocking ``MPI_Allreduce(IN_PLACE)`` and with
     :class:`pserver.comm.collectives.Allreducer` (buckets of each ``--bucket-mib`` MiB, default
     16 and 4, up to ``--in-flight`` in flight, waited on with the Waiter's back-off; the sleep
-    cap is ``--poll-max``, comm.poll_max's default), ``--reps`` times each in one launch. A
+    cap is ``--poll-max``, comm.poll_max's default; each wait first spins for each
+    ``--tight-factor`` times the expected time, 0: backs off at once, the rule before),
+    ``--reps`` times each in one launch, interleaved, so every variant meets the same machine. A
     time is the slowest rank's, after a barrier. Printed: each one's bandwidth (buffer bytes /
     time) and the ratio bucketed ÷ blocking. Goal: >= 0.9 at 16 MiB on 4 ranks.
 
 cpu
-    The same ranks; rank 0 joins the allreduce ``--delay`` seconds late (it sleeps), so the
+    The same ranks; each kind of allreduce runs once on time (the bucketed one learns its
+    expected time), then rank 0 joins the next one ``--delay`` seconds late (it sleeps), so the
     others wait inside it. Each waiting rank reports ``process_time / wall`` over its wait, for
-    the bucketed allreduce (the first ``--sizes`` and ``--bucket-mib``) and for blocking
-    ``MPI_Allreduce`` (which MPICH busy-polls). Goal:
-    the bucketed allreduce under 10% of a core.
+    the bucketed allreduce (the first ``--sizes`` and ``--bucket-mib``, each ``--tight-factor``)
+    and for blocking ``MPI_Allreduce`` (which MPICH busy-polls). Goal: the bucketed allreduce
+    under 10% of a core.
 
 sync
     One SYNC step's exchange (issue 12, ``pserver.roles.allreduce``): the gradient's bucketed
@@ -54,6 +57,8 @@ from benchlib import (  # (scripts/ is on sys.path)
     write_json,
 )
 
+from pserver.transfer_time import TIGHT_FACTOR  # (benchlib puts the checkout on sys.path)
+
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = bench_parser(__doc__, repeats=3, timeout=300.0, pserver_run=False, overrides=False)
@@ -68,11 +73,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    "measurement, s (default %(default)s)")  # fmt: skip
     p.add_argument("--poll-max", type=float, default=1e-3, help="longest sleep of a wait, s "
                    "(default %(default)s, comm.poll_max's)")  # fmt: skip
+    p.add_argument("--tight-factor", type=float, nargs="+", default=[TIGHT_FACTOR],
+                   metavar="F", help="spin for F times an allreduce's expected time, then back "
+                   "off (default %(default)s; 0: back off at once, the rule before)")  # fmt: skip
     p.add_argument("--skip", choices=["bandwidth", "cpu", "sync"], nargs="*", default=[])
     p.add_argument("--worker", choices=["bandwidth", "cpu", "sync"], help=argparse.SUPPRESS)
     args = parse(p, argv)
     if args.ranks < 2 or args.reps < 1 or args.in_flight < 1 or args.delay <= 0:
         p.error("need --ranks >= 2, --reps >= 1, --in-flight >= 1 and --delay > 0")
+    if min(args.tight_factor) < 0:
+        p.error("--tight-factor must be >= 0")
     if min(args.sizes) <= 0 or min(args.bucket_mib) <= 0:
         p.error("--sizes and --bucket-mib must be > 0")
     return args
@@ -99,6 +109,10 @@ def timed(comm: Any, MPI: Any, op: Any) -> float:
     return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
 
 
+def variant(bucket_mib: float, factor: float) -> str:
+    return f"{bucket_mib:g} x{factor:g}"
+
+
 def worker_bandwidth(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
 
@@ -109,14 +123,15 @@ def worker_bandwidth(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for mib in args.sizes:
         x = np.ones(int(mib * 2**20) // 4, np.float32)
-        out[f"{mib:g}"] = cell = {"blocking": [], **{f"{b:g}": [] for b in args.bucket_mib}}
         reducers = {
-            b: Allreducer(comm, backend, waiter, x.size, x.dtype, bucket_mib=b,
-                          in_flight=args.in_flight)  # fmt: skip
+            variant(b, f): Allreducer(comm, backend, waiter, x.size, x.dtype, bucket_mib=b,
+                                      in_flight=args.in_flight, tight_factor=f)  # fmt: skip
             for b in args.bucket_mib
+            for f in args.tight_factor
         }
+        out[f"{mib:g}"] = cell = {"blocking": [], **{k: [] for k in reducers}}
         ops = {"blocking": lambda x=x: comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)}
-        ops.update({f"{b:g}": lambda r=r, x=x: r.start(x).wait() for b, r in reducers.items()})
+        ops.update({k: lambda r=r, x=x: r.start(x).wait() for k, r in reducers.items()})
         for rep in range(args.reps + 1):  # the first round is a warm-up
             for key, op in ops.items():
                 t = timed(comm, MPI, op)
@@ -134,14 +149,19 @@ def worker_cpu(args: argparse.Namespace) -> dict[str, Any]:
     MPI, backend, waiter = worker_setup(args)
     comm = MPI.COMM_WORLD
     x = np.ones(int(args.sizes[0] * 2**20) // 4, np.float32)
-    red = Allreducer(comm, backend, waiter, x.size, x.dtype, bucket_mib=args.bucket_mib[0],
-                     in_flight=args.in_flight)  # fmt: skip
     cases = {
-        "bucketed": lambda: red.start(x).wait(),
-        "blocking": lambda: comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM),
-    }
+        f"bucketed, tight {f:g}": Allreducer(
+            comm, backend, waiter, x.size, x.dtype, bucket_mib=args.bucket_mib[0],
+            in_flight=args.in_flight, tight_factor=f,
+        ).start
+        for f in args.tight_factor
+    }  # fmt: skip
+    cases["blocking"] = lambda x: comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
     out: dict[str, Any] = {}
-    for name, op in cases.items():
+    for name, start in cases.items():
+        op = lambda start=start: (h := start(x)) is None or h.wait()  # noqa: E731
+        comm.Barrier()
+        op()  # on time: what a training loop's previous step would have been
         comm.Barrier()
         if comm.Get_rank() == 0:
             time.sleep(args.delay)  # the late rank: the others wait inside the allreduce
@@ -207,6 +227,7 @@ def flags(args: argparse.Namespace) -> list[str]:
         "--sizes", *map(str, args.sizes), "--bucket-mib", *map(str, args.bucket_mib),
         "--in-flight", str(args.in_flight), "--poll-max", str(args.poll_max),
         "--reps", str(args.reps), "--delay", str(args.delay),
+        "--tight-factor", *map(str, args.tight_factor),
     ]  # fmt: skip
 
 
@@ -219,20 +240,23 @@ def bandwidth(launcher: Launcher, args: argparse.Namespace) -> tuple[str, dict[s
         t_block = median(t for r in runs for t in r[key]["blocking"])
         gbs = mib * 2**20 / 1e9
         for b in args.bucket_mib:
-            t = median(t for r in runs for t in r[key][f"{b:g}"])
-            doc[f"{key} MiB / {b:g} MiB buckets"] = {"blocking_s": t_block, "bucketed_s": t}
-            rows.append([key, f"{b:g}", f"{gbs / t_block:.2f}", f"{gbs / t:.2f}",
-                         f"{t_block / t:.2f}"])  # fmt: skip
-    title = (f"bandwidth on {args.ranks} ranks, {args.in_flight} bucket(s) in flight, median of "
-             f"{args.reps} x {args.repeats}")  # fmt: skip
-    head = ["MiB", "bucket MiB", "Allreduce GB/s", "bucketed GB/s", "bucketed / Allreduce"]
+            for f in args.tight_factor:
+                t = median(t for r in runs for t in r[key][variant(b, f)])
+                doc[f"{key} MiB / {b:g} MiB buckets / tight {f:g}"] = {
+                    "blocking_s": t_block, "bucketed_s": t}  # fmt: skip
+                rows.append([key, f"{b:g}", f"{f:g}", f"{gbs / t_block:.2f}", f"{gbs / t:.2f}",
+                             f"{t_block / t:.2f}"])  # fmt: skip
+    title = (f"bandwidth on {args.ranks} ranks, {args.in_flight} bucket(s) in flight, poll_max "
+             f"{args.poll_max:g}, median of {args.reps} x {args.repeats}")  # fmt: skip
+    head = ["MiB", "bucket MiB", "tight", "Allreduce GB/s", "bucketed GB/s",
+            "bucketed / Allreduce"]  # fmt: skip
     return table(head, rows, title), doc
 
 
 def cpu(launcher: Launcher, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     runs = [launcher.worker(args.ranks, ["--worker", "cpu", *flags(args)])
             for _ in range(args.repeats)]  # fmt: skip
-    doc = {k: median(s for r in runs for s in r[k]) for k in ("bucketed", "blocking")}
+    doc = {k: median(s for r in runs for s in r[k]) for k in runs[0]}
     rows = [[k, f"{v:.1%}"] for k, v in doc.items()]
     title = (f"CPU of a rank waiting {args.delay:g} s in a {args.sizes[0]:g} MiB allreduce "
              f"({args.ranks} ranks, rank 0 late), median over ranks and repeats")  # fmt: skip
@@ -257,6 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     launcher = Launcher.from_args(__file__, args)
     doc: dict[str, Any] = {"ranks": args.ranks, "in_flight": args.in_flight}
+    doc.update(poll_max=args.poll_max, tight_factor=args.tight_factor)
     for name, measure in (("bandwidth", bandwidth), ("cpu", cpu), ("sync", sync)):
         if name not in args.skip:
             text, doc[name] = measure(launcher, args)

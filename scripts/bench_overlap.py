@@ -75,7 +75,7 @@ from pserver.launch import JobKilled
 DIGITS_TRAIN = 1347  # digits training samples (1,797 images, data.test_fraction = 0.25)
 MIB = 2**20
 GB = 1e9
-BASE_RSS_MIB = 200  # a pserver rank's footprint before its model buffers (measured ~160 MiB)
+BASE_RSS_MIB = 200  # a pserver rank's footprint before its model buffers (docs/performance.md)
 MATMUL_N = 256  # matrix order of the --gil compute: a few ms per product on one core
 
 

@@ -11,8 +11,11 @@ Every call is non-blocking and returns a handle: ``start(...) -> handle``, then
 :class:`~pserver.comm.waiting.Waiter`'s back-off: a blocking ``MPI_Allreduce`` busy-polls in
 MPICH and would take a core from the learners that share a node while one of them is late.
 MPICH progresses a non-blocking collective only inside MPI calls, so the waiting rank's tests
-are what moves it on: the Waiter tests 64 times before its first sleep and then sleeps at most
-``poll_max``, which bounds the progress lost to a sleep.
+are what moves it on. A wait therefore polls at its shortest sleep (``poll_min``) for as long as
+the operation is expected to take (:class:`pserver.transfer_time.TransferClock`: twice its bytes
+over the best bandwidth of the last operations), then backs off as every wait does, to at most
+``poll_max`` between tests: peers on time find every step tested promptly, and a rank kept
+waiting by a late peer polls tightly only for that window, then sleeps.
 
 ``allreduce`` sums an array in place, cut into buckets of ``bucket_mib`` MiB, each its own
 ``Iallreduce(IN_PLACE)``; up to ``in_flight`` buckets are posted at once and the next one is
@@ -24,6 +27,7 @@ CUDA-aware (:func:`pserver.comm.payload.staged`).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,6 +38,7 @@ from mpi4py import MPI
 from pserver.backend import Backend, StagingBuffers
 from pserver.comm.payload import staged
 from pserver.comm.waiting import Waiter
+from pserver.transfer_time import TIGHT_FACTOR, TransferClock
 
 DEFAULT_BUCKET_MIB = 16.0  # docs/architecture.md, "Collectives among the learners"
 DEFAULT_IN_FLIGHT = 4
@@ -75,6 +80,7 @@ class Handle:
         self._waiter, self._step, self.what = waiter, step, what
         self.done = False
         self.progress = 0  # parts completed so far (buckets); a wait restarts its back-off
+        self.tight_until = 0.0  # time.monotonic() until which a wait polls at its shortest
 
     def test(self) -> bool:
         if not self.done:
@@ -85,10 +91,12 @@ class Handle:
         """Back off as the Waiter does, restarting from its shortest sleep whenever a part
         completes: a late peer still finds this rank asleep (the sleeps grow to ``poll_max``
         while nothing moves), but once the parts flow the next one is tested for promptly, so
-        a bucket's latency is not set by a sleep grown during the previous ones."""
+        a bucket's latency is not set by a sleep grown during the previous ones. Until
+        ``tight_until`` (the operation's expected end) the sleeps stay at the shortest."""
         while not self.test():
-            seen = self.progress
-            self._waiter.until(lambda s=seen: self.test() or self.progress != s, what or self.what)
+            seen, tight = self.progress, self.tight_until - time.monotonic()
+            done = lambda s=seen: self.test() or self.progress != s  # noqa: E731
+            self._waiter.until(done, what or self.what, tight)
 
 
 class Allreducer:
@@ -109,11 +117,14 @@ class Allreducer:
         bucket_mib: float = DEFAULT_BUCKET_MIB,
         in_flight: int = DEFAULT_IN_FLIGHT,
         staging: str = "auto",
+        tight_factor: float = TIGHT_FACTOR,
     ) -> None:
         if in_flight < 1:
             raise ValueError(f"in_flight must be >= 1, not {in_flight}")
         self.comm, self.backend, self.waiter = comm, backend, waiter
         self.n, self.in_flight = n, in_flight
+        self.nbytes = n * np.dtype(dtype).itemsize
+        self.clock = TransferClock(tight_factor)  # how long this sum takes: the tight window
         self.buckets = buckets(n, np.dtype(dtype).itemsize, bucket_mib)
         sizes = [b - a for a, b in self.buckets]
         self.host = StagingBuffers(backend, sizes, dtype) if staged(backend, staging) else None
@@ -129,6 +140,7 @@ class Allreducer:
             self.backend.synchronize()  # MPI must not read a device buffer a kernel still writes
         todo = deque(range(len(self.buckets)))
         posted: deque[tuple[int, MPI.Request]] = deque()
+        t0 = time.monotonic()
 
         def step() -> bool:
             while posted and posted[0][1].Test():  # collectives complete in the order posted
@@ -137,9 +149,13 @@ class Allreducer:
             while todo and len(posted) < self.in_flight:
                 i = todo.popleft()
                 posted.append((i, self._post(i, array)))
-            return not posted
+            if posted:
+                return False
+            self.clock.observe(self.nbytes, time.monotonic() - t0)
+            return True
 
         self._busy = handle = Handle(self.waiter, step, f"an allreduce of {self.n} elements")
+        handle.tight_until = t0 + self.clock.window(self.nbytes)
         handle.test()  # posts the first buckets
         return handle
 

@@ -18,11 +18,11 @@ over the ranks of its node, its weights and one gradient slot per learner of tha
 
 Each update thus moves the model through memory twice (update, copy out), or once with versions,
 instead of three times (copy in, update, copy out), which is where a two-sided server's ceiling
-comes from (FACTS.md: 13-14 GB/s two-sided against 19-26 GB/s with a fused update that reads
-learner buffers in place). The slot may be overwritten by the learner's next compute only after
-the learner's pull was answered, and the shard answers a pull only after the push before it was
-handled (non-overtaking on ``ctrl``); that is why shm needs blocking mode and full pulls
-(validated in ``config.validate``). Learners on other nodes keep using messages.
+comes from (docs/performance.md, "A two-sided server's memory ceiling"). The slot may be
+overwritten by the learner's next compute only after the learner's pull was answered, and the
+shard answers a pull only after the push before it was handled (non-overtaking on ``ctrl``);
+that is why shm needs blocking mode and full pulls (validated in ``config.validate``). Learners
+on other nodes keep using messages.
 
 Memory ordering: the window is in a passive-target epoch (``Lock_all``) for the whole run; a
 writer calls ``Win.Sync`` before the message that publishes its writes and a reader calls it

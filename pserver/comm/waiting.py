@@ -1,9 +1,10 @@
 """Waiting without burning a core, and saying what a stalled rank waits for.
 
 MPICH's blocking calls busy-poll: a rank blocked in ``Recv`` takes a core away from the learners
-that share its node (FACTS.md: 24% of the compute left with 7 waiting ranks on 2 cores). Every
-wait here tests its requests a few times, then sleeps with exponential back-off (10 µs to 1 ms),
-which costs at most about a millisecond of latency and leaves the compute ~100% of the CPU.
+that share its node (docs/architecture.md, "Waiting without burning a core", has the figures and
+``scripts/bench_wait.py`` measures them). Every wait here tests its requests a few times, then
+sleeps with back-off between ``comm.poll_min`` and ``comm.poll_max``, which adds at most
+``poll_max`` of latency and leaves the compute the CPU.
 """
 
 from __future__ import annotations
@@ -47,22 +48,30 @@ class Backoff:
     """The one back-off of the code base: ``SPIN_TESTS`` tests without sleeping (a reply already
     on its way costs no sleep), then each sleep ``BACKOFF`` of the time idle so far, within
     ``lo`` … ``hi`` (``comm.poll_min`` … ``comm.poll_max``). Used by :class:`Waiter` and by the
-    communication thread of :class:`pserver.comm.engine.CommEngine`."""
+    communication thread of :class:`pserver.comm.engine.CommEngine`.
 
-    def __init__(self, lo: float, hi: float) -> None:
+    ``tight`` seconds (default 0): a transfer expected to take about that long is under way and
+    moves on only while this rank tests it (MPICH progresses a non-blocking collective inside
+    MPI calls only), so for that long every sleep is ``lo``; the idle time that sets the later
+    sleeps counts from the window's end. The window is finite, so an idle rank still ends up
+    sleeping ``hi`` between tests; with ``tight = 0`` the rule is the one above.
+    """
+
+    def __init__(self, lo: float, hi: float, tight: float = 0.0) -> None:
         self.lo, self.hi = lo, hi
-        self.restart()
+        self.restart(tight)
 
-    def restart(self) -> None:
-        """Something happened: the next tests spin again."""
-        self.tests, self.since = 0, time.monotonic()
+    def restart(self, tight: float = 0.0) -> None:
+        """Something happened: the next tests spin again (and poll tightly for ``tight`` s)."""
+        self.tests, self.since, self.tight = 0, time.monotonic(), max(tight, 0.0)
 
     def next_sleep(self) -> float:
         """Seconds to sleep before the next test (0.0 while still spinning)."""
         self.tests += 1
         if self.tests < SPIN_TESTS:
             return 0.0
-        return min(max(BACKOFF * (time.monotonic() - self.since), self.lo), self.hi)
+        idle = time.monotonic() - self.since - self.tight
+        return min(max(BACKOFF * idle, self.lo), self.hi)
 
 
 class PeerLog:
@@ -168,12 +177,15 @@ class Waiter:
         self.poll_min, self.poll_max, self.stall_timeout = poll_min, poll_max, stall_timeout
         self.waited = 0.0  # total seconds spent in waits, for the statistics
 
-    def until(self, done: Callable[[], bool], what: Callable[[], str] | str) -> None:
-        """Return once ``done()`` is true; sleep between checks so an idle rank stays idle."""
+    def until(
+        self, done: Callable[[], bool], what: Callable[[], str] | str, tight: float = 0.0
+    ) -> None:
+        """Return once ``done()`` is true; sleep between checks so an idle rank stays idle
+        (``tight``: seconds of shortest sleeps first, see :class:`Backoff`)."""
         if self._test(done, what):
             return
         tighten_timer_slack()
-        backoff = Backoff(self.poll_min, self.poll_max)
+        backoff = Backoff(self.poll_min, self.poll_max, tight)
         start = backoff.since
         next_report = start + self.stall_timeout
         next_check = start + LIVENESS_PERIOD

@@ -25,7 +25,20 @@ from pserver.context import Context
 from pserver.protocols.pull import pull_answer
 from pserver.topology import Block
 from pserver.versions import VersionPool, release_completed
-from pserver.wire import Header, Reply, Tag, WireError, header_buffer, reply_tag
+from pserver.wire import (
+    Header,
+    Reply,
+    Tag,
+    WireError,
+    header_buffer,
+    pull_aux,
+    pull_oldest,
+    push_summed,
+    reply_aux,
+    reply_kind,
+    reply_tag,
+    sum_aux,
+)
 
 
 @dataclass
@@ -120,7 +133,7 @@ class Aggregator:
             r.bufs.append(self.xp.empty_like(r.bufs[0]))
         w_in = r.bufs[r.incoming]
         r.posted = self.ch.bulk.Irecv(self.down.incoming(b.index, w_in), r.parent, b.index)
-        hdr = Header(Tag.PULL, b.index, r.ts, self.ctx.rank, r.ts + 1)
+        hdr = Header(Tag.PULL, b.index, r.ts, self.ctx.rank, pull_aux(r.ts + 1))
         self.ch.ctrl.Send(hdr.pack(self.out[0]), r.parent, Tag.PULL)
         row = self.replies[b.index]
         r.asked = self.ch.down.Irecv(row, r.parent, reply_tag(b.index))
@@ -137,9 +150,10 @@ class Aggregator:
     def on_parent_reply(self, r: Relay) -> None:
         h = Header.unpack(self.replies[r.block.index])
         self.ctx.peers.note(h.sender, h)
-        if h.aux == Reply.STOP:
+        kind = reply_kind(h.aux)
+        if kind == Reply.STOP:
             r.stopped = True
-        elif h.aux == Reply.WEIGHTS:
+        elif kind == Reply.WEIGHTS:
             self.waiter.wait(r.posted, f"weights of block {r.block.index} from the parent")
             r.posted = None
             self.down.arrived(r.block.index, r.bufs[r.incoming])
@@ -158,7 +172,8 @@ class Aggregator:
 
     def on_pull(self, h: Header) -> None:
         r = self.relays[h.block]
-        answer = pull_answer(stopped=r.stopped, ts=r.ts, holds=h.timestamp, accepts=h.aux)
+        oldest = pull_oldest(h.aux)
+        answer = pull_answer(stopped=r.stopped, ts=r.ts, holds=h.timestamp, accepts=oldest)
         if answer is None:
             r.waiting.append(h)
         elif answer is not Reply.WEIGHTS:
@@ -192,7 +207,7 @@ class Aggregator:
                     self.on_pull(h)
 
     def reply(self, dest: int, r: Relay, kind: Reply) -> None:
-        Header(Tag.REPLY, r.block.index, r.ts, self.ctx.rank, int(kind)).pack(self.out[0])
+        Header(Tag.REPLY, r.block.index, r.ts, self.ctx.rank, reply_aux(kind)).pack(self.out[0])
         self.ch.down.Send(self.out[0], dest, reply_tag(r.block.index))
 
     # -- upwards: the children's gradients -----------------------------------------------------
@@ -216,10 +231,11 @@ class Aggregator:
         self.maybe_forward(r)
 
     def child_clock(self, h: Header) -> list[int]:
-        if h.aux == 0:
+        n = push_summed(h.aux)
+        if n == 0:  # a learner's own push (the tree runs the block rule: no iteration tag)
             return [self.ctx.layout.index(h.sender), h.timestamp]
-        if self.clockbuf.size != 2 * h.aux:
-            self.clockbuf = np.empty(2 * h.aux, dtype=np.int64)
+        if self.clockbuf.size != 2 * n:
+            self.clockbuf = np.empty(2 * n, dtype=np.int64)
         self.ch.ctrl.Recv(self.clockbuf, h.sender, Tag.CLOCK)
         return self.clockbuf.tolist()
 
@@ -228,7 +244,7 @@ class Aggregator:
         if not r.got or not self.live <= r.got:
             return
         b, n = r.block, len(r.clock) // 2
-        hdr = Header(Tag.PUSH, b.index, -1, self.ctx.rank, n)
+        hdr = Header(Tag.PUSH, b.index, -1, self.ctx.rank, sum_aux(n))
         self.ch.ctrl.Send(hdr.pack(self.out[0]), r.parent, Tag.PUSH)
         self.ch.ctrl.Send(np.asarray(r.clock, dtype=np.int64), r.parent, Tag.CLOCK)
         buf = self.up.outgoing(b.index, r.total)

@@ -17,7 +17,16 @@ from pserver.protocols.pull import pull_answer
 from pserver.roles.pslink import PSLink
 from pserver.topology import Block
 from pserver.versions import VersionPool, release_completed
-from pserver.wire import Header, Reply, Tag, WireError, header_buffer, reply_tag
+from pserver.wire import (
+    Header,
+    Reply,
+    Tag,
+    WireError,
+    header_buffer,
+    pull_oldest,
+    reply_aux,
+    reply_tag,
+)
 
 
 class Children:
@@ -72,7 +81,7 @@ class Children:
         b = link.by_index[h.block]
         ts = link.have[b.index]
         answer = pull_answer(
-            stopped=b.index in link.stopped, ts=ts, holds=h.timestamp, accepts=h.aux
+            stopped=b.index in link.stopped, ts=ts, holds=h.timestamp, accepts=pull_oldest(h.aux)
         )
         if answer is None:
             self.waiting.append(h)
@@ -93,7 +102,7 @@ class Children:
 
     def reply(self, dest: int, b: Block, ts: int, kind: Reply) -> None:
         out = self.link.out[0]
-        Header(Tag.REPLY, b.index, ts, self.ctx.rank, int(kind)).pack(out)
+        Header(Tag.REPLY, b.index, ts, self.ctx.rank, reply_aux(kind)).pack(out)
         self.ch.down.Send(out, dest, reply_tag(b.index))
 
     def answer(self) -> None:

@@ -28,7 +28,7 @@ from pserver.partial_pull import PartialPull, PullRule
 from pserver.roles.pslink import PSLink
 from pserver.strategies import lookup
 from pserver.topology import Block
-from pserver.wire import Reply, WireError, push_aux, split_reply
+from pserver.wire import Reply, WireError, split_reply
 
 
 def waits_for_update(ctx: Context) -> bool:
@@ -191,8 +191,7 @@ class PSExchange:
                     slot = self.ctx.shm.slot(self.shared[b.index], self.ctx.rank, b)
                     self.xp.copyto(slot, grad[b.start : b.stop])
                 self.ctx.shm.sync()  # the gradient is visible before the header announces it
-            aux = push_aux(self.rule.push_iteration())  # the iteration tag, or 0
-            link.push(b, grad, aux, payload=not shared)
+            link.push(b, grad, self.rule.push_iteration(), payload=not shared)
             if b.index not in self.asked and link.source[b.index] == link.owner[b.index]:
                 self.ask(b)
 

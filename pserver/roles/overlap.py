@@ -36,7 +36,7 @@ from pserver.roles.bcast import Children
 from pserver.roles.learner import waits_for_update
 from pserver.roles.pslink import PSLink
 from pserver.topology import Block
-from pserver.wire import Reply, WireError
+from pserver.wire import Reply, WireError, reply_kind
 
 
 class OverlapExchange:
@@ -88,19 +88,20 @@ class OverlapExchange:
 
     def on_reply(self, b: Block) -> None:
         h = self.link.reply(b)
-        if h.aux == Reply.STOP:
+        kind = reply_kind(h.aux)
+        if kind == Reply.STOP:
             self.stopped.add(b.index)
             if self.window is not None:
                 self.window.stop(b.index)
             self.kids.answer()
-        elif h.aux == Reply.WEIGHTS:
+        elif kind == Reply.WEIGHTS:
             req = self.link.payload_request(b)
             req.Wait()  # the payload follows its header at once: nothing to wait for in practice
             self.link.arrived(b)
             self.arrived[b.index] = h.timestamp
             if self.window is not None:
                 self.window.answer(b.index)
-        elif h.aux == Reply.CURRENT and self.window is not None:  # a request of any age
+        elif kind == Reply.CURRENT and self.window is not None:  # a request of any age
             self.current.add(b.index)
             self.window.answer(b.index)
         else:  # a long poll asks for newer weights, so CURRENT cannot come back

@@ -17,7 +17,7 @@ from mpi4py import MPI
 from pserver.comm.payload import Payloads
 from pserver.context import Context
 from pserver.topology import Block
-from pserver.wire import Header, Tag, WireError, header_buffer, reply_tag
+from pserver.wire import Header, Tag, WireError, header_buffer, pull_aux, push_aux, reply_tag
 
 
 class PSLink:
@@ -54,7 +54,7 @@ class PSLink:
         if payload and b.index not in self.posted:
             buf = self.payloads.incoming(b.index, self.w_comm[b.start : b.stop])
             self.posted[b.index] = self.ch.bulk.Irecv(buf, src, b.index)
-        hdr = Header(Tag.PULL, b.index, self.have[b.index], self.ctx.rank, oldest)
+        hdr = Header(Tag.PULL, b.index, self.have[b.index], self.ctx.rank, pull_aux(oldest))
         self.ch.ctrl.Send(hdr.pack(self.out[0]), src, Tag.PULL)
         row = self.replies[self.blocks.index(b)]
         self.asked[b.index] = self.ch.down.Irecv(row, src, reply_tag(b.index))
@@ -81,10 +81,13 @@ class PSLink:
     def arrived(self, b: Block) -> None:
         self.payloads.arrived(b.index, self.w_comm[b.start : b.stop])
 
-    def push(self, b: Block, grad: Any, aux: int = 0, payload: bool = True) -> None:
-        """Announce block ``b``'s gradient (timestamp: the weights it was computed from) and
-        send it unless ``payload`` is False (shm: the shard reads it in its window)."""
-        hdr = Header(Tag.PUSH, b.index, self.have[b.index], self.ctx.rank, aux)
+    def push(
+        self, b: Block, grad: Any, iteration: int | None = None, payload: bool = True
+    ) -> None:
+        """Announce block ``b``'s gradient (timestamp: the weights it was computed from; the
+        learner's iteration tag under the iteration rule, else None) and send it unless
+        ``payload`` is False (shm: the shard reads it in its window)."""
+        hdr = Header(Tag.PUSH, b.index, self.have[b.index], self.ctx.rank, push_aux(iteration))
         self.ch.ctrl.Send(hdr.pack(self.out[0]), self.owner[b.index], Tag.PUSH)
         if payload:
             buf = self.payloads.outgoing(b.index, grad[b.start : b.stop])

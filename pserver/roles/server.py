@@ -31,7 +31,9 @@ from pserver.wire import (
     Tag,
     WireError,
     header_buffer,
+    pull_oldest,
     push_iteration,
+    push_summed,
     reply_aux,
     reply_tag,
 )
@@ -130,7 +132,7 @@ class ServerShard:
 
     def shared(self, h: Header) -> bool:
         """Whether this push left its gradient in our shared window (a learner of our node)."""
-        return h.aux <= 0 and h.sender in self.window_peers  # a learner's push, not a sum
+        return push_summed(h.aux) == 0 and h.sender in self.window_peers  # not an aggregator's
 
     def take_gradient(self, st: BlockState, h: Header, g: Any) -> None:
         """The protocol's decision on the gradient(s) of one push, now in ``g``."""
@@ -152,11 +154,12 @@ class ServerShard:
     def contributions(self, h: Header) -> list[tuple[int, int, int | None]]:
         """(learner, timestamp, iteration tag) of each gradient in a push: one, or an
         aggregator's n (whose pairs carry no iteration: the tree runs the block rule)."""
-        if h.aux <= 0:
+        n = push_summed(h.aux)
+        if n == 0:
             return [(self.ctx.layout.index(h.sender), h.timestamp, push_iteration(h.aux))]
-        pairs = np.empty(2 * h.aux, dtype=np.int64)
+        pairs = np.empty(2 * n, dtype=np.int64)
         self.ch.ctrl.Recv(pairs, h.sender, Tag.CLOCK)
-        return [(int(pairs[2 * i]), int(pairs[2 * i + 1]), None) for i in range(h.aux)]
+        return [(int(pairs[2 * i]), int(pairs[2 * i + 1]), None) for i in range(n)]
 
     def update(self, st: BlockState) -> None:
         decision = st.arith.commit()
@@ -221,8 +224,9 @@ class ServerShard:
         reads = self.zero_copy and h.sender in self.window_peers  # computes on the version
         a = st.arith
         ready = lambda: a.protocol.pull_ready(self.ctx.layout.index(h.sender))  # noqa: E731
+        oldest = pull_oldest(h.aux)
         answer = pull_answer(
-            stopped=a.done, ts=a.ts, holds=h.timestamp, accepts=h.aux, ready=ready, reads=reads
+            stopped=a.done, ts=a.ts, holds=h.timestamp, accepts=oldest, ready=ready, reads=reads
         )
         if answer is None:
             st.waiting_pulls.append(h)
@@ -274,8 +278,10 @@ class ServerShard:
         st.versions.stage(lambda v: self.payloads.outgoing_version(b, v, a.serve()), a.ts)
 
     def reply(self, dest: int, st: BlockState, kind: Reply, version: int = 0) -> None:
-        aux = reply_aux(kind, version)
-        Header(Tag.REPLY, st.block.index, st.arith.ts, self.ctx.rank, aux).pack(self.out[0])
+        hdr = Header(
+            Tag.REPLY, st.block.index, st.arith.ts, self.ctx.rank, reply_aux(kind, version)
+        )
+        hdr.pack(self.out[0])
         self.ch.down.Send(self.out[0], dest, reply_tag(st.block.index))
 
     def on_bye(self, h: Header) -> None:

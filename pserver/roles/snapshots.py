@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 from pserver.comm.waiting import Waiter
 from pserver.context import Context
-from pserver.wire import Header, Tag, header_buffer
+from pserver.wire import Header, Tag, header_buffer, model_aux
 
 # model snapshots a block may queue while one is on its way to statistics: as many as fit in
 # SNAPSHOT_QUEUE_BYTES of host copies per shard, between 1 and SNAPSHOT_QUEUE_MAX
@@ -73,7 +73,7 @@ class Snapshots:
     def post(self, epoch: int, ts: int, buf: Any) -> None:
         if self.hdr is None:
             self.hdr = header_buffer()[0]
-        Header(Tag.MODEL, self.index, ts, self.ctx.rank, epoch).pack(self.hdr)
+        Header(Tag.MODEL, self.index, ts, self.ctx.rank, model_aux(epoch)).pack(self.hdr)
         stats, ch = self.ctx.layout.stats, self.ctx.channels.stats
         # synchronous: "in flight" means not yet matched, so the queue bounds what MPI holds
         # for the statistics server too (see pserver.comm.records on MPICH's eager cells)

@@ -29,7 +29,7 @@ from pserver.comm.records import decode
 from pserver.context import Context
 from pserver.stats.schema import DATA_SCALING
 from pserver.stats.writer import DumpWriteError, StatsWriter
-from pserver.wire import Header, Tag, WireError, header_buffer
+from pserver.wire import Header, Tag, WireError, header_buffer, model_epoch
 
 
 class StatsServer:
@@ -157,7 +157,7 @@ class StatsServer:
         msg.Recv(self.hbuf[0])
         h = Header.unpack(self.hbuf[0])
         self.ctx.peers.note(source, h)
-        epoch, b = h.aux, self.ctx.blocks[h.block]
+        epoch, b = model_epoch(h.aux), self.ctx.blocks[h.block]
         if epoch not in self.models:
             self.models[epoch] = (np.empty(self.ctx.model.n_params, self.ctx.model.dtype), set(), 0)
         w, got, ts = self.models[epoch]

@@ -201,6 +201,9 @@ class PredictionError:
     error: float = col("float64", "‖w_{t+H} - f_S(w_t, M_t)‖ of the block")
     momentum: float = col("float64", "μ (the error for any S': d·d - 2a·d·M + a²·M·M)")
     time: float = col("float64", "s since start (at t + H)")
+
+
+@dataclass(frozen=True)
 class Exchange:
     """Issue 12: one row per step of a learners-only learner (SYNC, HYBRID, ADPSGD)."""
 
