@@ -86,3 +86,35 @@ def train_serial_delayed(cfg: Config, dataset: Dataset, steps: int | None = None
         last = n - 1
         updater.step(w, grads[last % 2], scheduled_lr(cfg.optim, last * batch // n_train))
     return w
+
+
+def train_block_serial(cfg: Config, dataset: Dataset) -> np.ndarray:
+    """BMUF or MA with λ = 1 on one process: the reference a ``bmuf``/``ma`` run with one
+    learner must reproduce. Blocks of ``protocol.tau`` local steps (``pserver.local_rule``:
+    the optimizer state restarts at each block) from the global model, then block momentum on
+    the block's update (``pserver.block_momentum``, eqs. 2–6), until the run's samples are counted.
+    Returns W(T), the model the parallel run's dump holds."""
+    from pserver.block_momentum import BlockMomentum
+    from pserver.bmuf_block import block_filter
+    from pserver.local_rule import LocalRule
+
+    model = build_model(cfg.model, dataset.n_features, dataset.n_classes, np)
+    w_global = model.init_params(cfg.run.seed)
+    flt = block_filter(cfg, 1)
+    rule = BlockMomentum(flt, w_global.size, np, w_global.dtype)
+    n_train, batch = len(dataset.y_train), cfg.data.batch_size
+    local = LocalRule(cfg.optim, w_global.size, np, w_global.dtype, (1, flt.tau, batch, n_train))
+    sampler = BatchSampler(n_train, batch, cfg.run.seed)
+    grad, w, mean = np.empty_like(w_global), np.empty_like(w_global), np.empty_like(w_global)
+    blocks = math.ceil(cfg.run.epochs * n_train / (batch * flt.tau))
+    for t in range(blocks):
+        start = rule.served(w_global)  # W_g(t−1): eq. (5) or (6)
+        np.copyto(w, start)
+        local.start(t)
+        for _ in range(flt.tau):
+            idx = sampler.next()
+            model.loss_grad(w, dataset.X_train[idx], dataset.y_train[idx], grad)
+            local.step(w, grad)
+        np.copyto(mean, w)  # W̄(t) of one learner
+        rule.step(w_global, mean)
+    return w_global

@@ -23,7 +23,7 @@ from pserver.config import warnings as config_warnings
 from pserver.errors import PeerLost, RunError
 from pserver.logs import setup_logging, wait_until_read
 from pserver.startup import agree, failure_message, outcome, status_of
-from pserver.strategies import PS, PS_OVERLAP, lookup
+from pserver.strategies import LOCAL_STEPS, PS, PS_OVERLAP, lookup
 from pserver.strategies.collective import ALLREDUCE, ALLREDUCE_DELAYED
 from pserver.topology import Role
 
@@ -221,6 +221,12 @@ def hybrid_exchange() -> type:
     return HybridExchange
 
 
+def local_steps_exchange() -> type:
+    from pserver.roles.local_steps import LocalStepsExchange
+
+    return LocalStepsExchange
+
+
 #: Role -> a function (ctx, w0) -> the driver whose run() is the rank's whole life.
 DRIVERS = {
     Role.SERVER: server,
@@ -233,6 +239,7 @@ DRIVERS = {
 EXCHANGES = {
     PS: ps_exchange,
     PS_OVERLAP: ps_overlap_exchange,
+    LOCAL_STEPS: local_steps_exchange,
     ALLREDUCE: allreduce_exchange,
     ALLREDUCE_DELAYED: hybrid_exchange,
 }

@@ -71,6 +71,12 @@ class ProtocolConfig:
     predict: bool = False
     predict_steps: int = -1  # S; -1: ⌊running mean of the measured staleness⌋
     predict_probe: int = 50  # updates between prediction-error probes (0: none)
+    # bmuf / ma (Chen & Huo): local steps per block, block momentum η (-1: 1 - 1/λ), block
+    # learning rate ζ, Nesterov (NBM) or classical (CBM) block momentum
+    tau: int = 8
+    block_momentum: float = -1.0
+    block_lr: float = 1.0
+    nesterov: bool = True
 
 
 @dataclass

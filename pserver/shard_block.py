@@ -55,6 +55,8 @@ class Applied:
     lr: float  # the learning rate of the step: α(epoch) · lr_scale
     steps: int = -1  # PP-ASGD: the S the new weights are served with (-1: no prediction)
     probe: ProbeResult | None = None  # PP-ASGD: the error probe that ended at this update
+    #: a strategy's own dump rows of this update, (group, columns) (BMUF's ``rounds``)
+    rows: tuple[tuple[str, dict[str, Any]], ...] = ()
 
 
 class ShardBlock:

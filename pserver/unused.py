@@ -25,9 +25,10 @@ SOURCE_KEYS = {
 KIND_KEYS = {
     "hidden": ("mlp",), "size_mib": ("null",), "channels": ("cnn",), "module": ("torch", "python"),
 }
-#: Only warned about: examples/quickstart.toml sets protocol.n (under hardsync), model.hidden
-#: and data.test_fraction, and every protocol, model kind and source is run on it by override.
-WARNED = frozenset({"protocol.n", "model.hidden", "data.test_fraction"})
+#: Only warned about: examples/quickstart.toml sets protocol.n (under hardsync), model.hidden,
+#: data.test_fraction and protocol.lr_policy (which bmuf and ma do not use), and every
+#: protocol, model kind and source is run on it by override.
+WARNED = frozenset({"protocol.n", "model.hidden", "data.test_fraction", "protocol.lr_policy"})
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,9 @@ PURE = (
     "pserver.lockstep",  # issue 12: learners-only runs' steps, epochs and data quota
     "pserver.local_update",  # issue 12: a learner's own update rule
     "pserver.transfer_time",  # issue 11 item 3: a collective's expected time (tight window)
+    "pserver.block_momentum",
+    "pserver.local_rule",
+    "pserver.bmuf_block",
 )
 IMPURE = ("mpi4py", "pserver.comm", "pserver.roles")
 

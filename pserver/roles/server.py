@@ -171,6 +171,9 @@ class ServerShard:
         self.rows.update(st.block.index, applied.decision, applied.lr)
         if applied.steps >= 0:
             self.rows.prediction(st.block.index, applied, st.arith.predictor)
+        for group, row in applied.rows:  # a strategy's own rows (BMUF's rounds)
+            self.records.add(group, shard=self.shard, block=st.block.index, time=self.ctx.now(),
+                             **row)
         self.after_update(st)
 
     def released(self) -> bool:

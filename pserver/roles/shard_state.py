@@ -13,12 +13,17 @@ from typing import Any
 
 import numpy as np
 
+from pserver.bmuf_block import BlockMomentumShard
 from pserver.context import Context
 from pserver.roles.shard_versions import ServedVersions
 from pserver.roles.snapshots import Snapshots, snapshot_queue
 from pserver.shard_block import ShardBlock
+from pserver.strategies import BLOCK_MOMENTUM, lookup
 from pserver.topology import Block
 from pserver.wire import Header
+
+#: ``Strategy.shard_block`` -> the block's arithmetic (pure).
+SHARD_BLOCKS: dict[str, type[ShardBlock]] = {"": ShardBlock, BLOCK_MOMENTUM: BlockMomentumShard}
 
 
 @dataclass
@@ -57,7 +62,8 @@ class BlockBuilder:
         predicts = ctx.cfg.protocol.predict and not self.staged
         if predicts:  # the versions (in the window with shm) hold f_S(w, M); w is private
             served, w = w, xp.array(weights[b.start : b.stop], dtype=dtype)
-        arith = ShardBlock.build(w, ctx.cfg, len(ctx.layout.learners), ctx.train_size, xp)
+        kind = SHARD_BLOCKS[lookup(ctx.cfg.protocol.name).shard_block]  # BMUF's, or ShardBlock
+        arith = kind.build(w, ctx.cfg, len(ctx.layout.learners), ctx.train_size, xp)
         bufs = [] if self.staged else [served if predicts else w]
         buffer = lambda v: self.version_buffer(b, w, v)  # noqa: E731
         versions = ServedVersions(b.index, self.version_limit(), bufs, buffer, xp)

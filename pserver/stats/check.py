@@ -181,7 +181,10 @@ def _epochs(dump: Dump) -> Problems:
     counted = blocks["applied"] + (blocks["dropped"] if run.get("epoch_basis") == "computed"
                                    else 0)
     need = int(run["epochs"]) * train_size
-    short = np.flatnonzero(counted * int(data["batch_size"]) < need)
+    protocol = cfg.get("protocol", {})
+    # a bmuf or ma "gradient" is a model delta of τ local minibatches
+    per = int(protocol.get("tau", 1)) if protocol.get("name") in ("bmuf", "ma") else 1
+    short = np.flatnonzero(counted * int(data["batch_size"]) * per < need)
     return [f"block {blocks['block'][i]} stopped before {run['epochs']} epochs" for i in short]
 
 

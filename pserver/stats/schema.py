@@ -229,6 +229,21 @@ class Drift:
     learner: int = col("int32", "the learner i it was found on (0 when all are equal)")
 
 
+@dataclass(frozen=True)
+class Round:
+    shard: int = col("int32", "server shard (BMUF's master) that updated")
+    block: int = col("int32", "parameter block")
+    round: int = col("int64", "block index t: the block's timestamp after this update")
+    time: float = col("float64", "s since start")
+    tau: int = col("int32", "local steps per learner per block")
+    eta: float = col("float64", "block momentum η (Chen & Huo eq. 3)")
+    zeta: float = col("float64", "block learning rate ζ (eq. 3)")
+    g_norm: float = col("float64", "‖G(t)‖ of this block: mean local model - W_g(t-1) (eq. 2)")
+    delta_norm: float = col("float64", "‖Δ(t)‖ of this block (eq. 3)")
+    learners: int = col("int32", "local models averaged into W̄(t)")
+    local_steps: int = col("int64", "the learners' local steps in this block, summed")
+
+
 VECTOR_CLOCK = Column("vector_clock", "int64", "timestamps of the aggregated gradients")
 
 GROUPS: dict[str, Group] = {
@@ -248,6 +263,7 @@ GROUPS: dict[str, Group] = {
         Group("prediction_errors", "one per PP-ASGD error probe of a block", PredictionError),
         Group("exchanges", "one per learners-only learner step", Exchange),
         Group("drift", "one per epoch end of a learners-only run", Drift),
+        Group("rounds", "one per block round of bmuf or ma, per parameter block", Round),
     )
 }
 

@@ -11,7 +11,17 @@ from __future__ import annotations
 from typing import Any
 
 from pserver.errors import ConfigError
-from pserver.strategies.base import FAMILIES, PS, PS_OVERLAP, Param, Ranks, Strategy
+from pserver.strategies.base import (
+    BLOCK_MOMENTUM,
+    FAMILIES,
+    LOCAL_STEPS,
+    PS,
+    PS_OVERLAP,
+    Param,
+    Ranks,
+    Strategy,
+)
+from pserver.strategies.bmuf import BMUF, MA
 from pserver.strategies.hardsync import HARDSYNC
 from pserver.strategies.hybrid import HYBRID
 from pserver.strategies.psp import PSP
@@ -22,10 +32,11 @@ from pserver.strategies.sync import SYNC
 __all__ = [
     "FAMILIES", "PS", "PS_OVERLAP", "REGISTRY", "Param", "Ranks", "Strategy", "lookup",
     "make_protocol", "names", "owners", "params",
+    "BLOCK_MOMENTUM", "LOCAL_STEPS",
 ]
 
 REGISTRY: dict[str, Strategy] = {
-    s.name: s for s in (HARDSYNC, SOFTSYNC, ASYNC, PSP, SSP, SYNC, HYBRID)
+    s.name: s for s in (HARDSYNC, SOFTSYNC, ASYNC, PSP, SSP, BMUF, MA, SYNC, HYBRID)
 }
 
 

@@ -25,6 +25,10 @@ FAMILIES = (PARAMETER_SERVER, MODEL_AVERAGING, PREDICTION, COLLECTIVE)
 #: Learner exchanges, by name (resolved to classes by ``pserver.cli``'s driver table).
 PS = "ps"  # pull weights, compute, push gradients, one step after the other
 PS_OVERLAP = "ps-overlap"  # the same, with pulls and pushes in flight during compute
+LOCAL_STEPS = "local-steps"  # τ local steps, then push the model delta, pull (BMUF, MA)
+
+#: Shard block kinds beside the plain one, by name (resolved by ``pserver.roles.shard_state``).
+BLOCK_MOMENTUM = "block-momentum"  # BMUF's master: eqs. (2)-(6) of Chen & Huo
 
 Config = Any  # pserver.config.Config: not imported, the config imports the registry
 Check = Callable[["Strategy", Config], None]
@@ -82,6 +86,9 @@ class Strategy:
     # learners-only: every learner takes the same number of steps (SYNC, HYBRID: their
     # allreduce needs every learner); False: free-running learners (pserver.lockstep)
     lockstep: bool = False
+    #: the shard block's arithmetic, by name (resolved by ``pserver.roles.shard_state``):
+    #: "" is ``pserver.shard_block.ShardBlock``
+    shard_block: str = ""
 
     def uses(self, key: str) -> bool:
         """Whether ``protocol.<key>`` means anything to this strategy."""

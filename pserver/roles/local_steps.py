@@ -1,0 +1,81 @@
+"""The learner's exchange under BMUF and MA: τ local steps, then one model push and one pull.
+
+A composition around the blocking PS client (:class:`pserver.roles.learner.PSExchange`), which
+moves the messages: at a block start ``weights()`` pulls the global model W_g(t−1) through it
+(the first block starts on w0, as every rank builds it), copies it into the learner's own
+compute buffer and restarts the local rule (:mod:`pserver.local_rule`: optimizer state zeroed,
+the block's learning rate). Each ``gradient(g)`` is a local step on that buffer; after the τ-th
+the local model is copied into the PS client's gradient buffer and pushed with the timestamp of
+W_g(t−1): the shard's round takes one model per learner computed from the block's global
+model (σ = 0 by construction, recorded as the usual ``gradients`` rows) and forms the block's
+update G(t) = W̄(t) − W_g(t−1) itself (eq. 2; :mod:`pserver.block_momentum` says why the model
+rather than the learner's delta w − W_g(t−1) travels: the same bytes, and MA is exactly W̄).
+
+Liveness: a learner talks to the shards only at block boundaries, where it pushes every block
+and then asks each for a model newer than its own; the shard's round closes once every
+learner's delta is in (``pserver.protocols.block``), the block rule of
+``pserver/protocols/rounds.py`` with full pulls, whose proof covers it. The shards stop only
+after an update, when every learner is waiting in that pull, so every learner gets STOP there
+and none is left mid-block. No arithmetic on parameters here beyond the local rule's step and
+the copy of the local model into the message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pserver.context import Context
+from pserver.local_rule import LocalRule
+from pserver.roles.learner import PSExchange
+
+
+class LocalStepsExchange:
+    """τ local steps between a pull of W_g and a push of the delta."""
+
+    freeze_after_weights = False
+    relayed_bytes = 0
+
+    def __init__(self, ctx: Context, weights: Any) -> None:
+        self.ctx, self.xp = ctx, ctx.xp
+        self.ps = PSExchange(ctx, weights)
+        self.waiter, self.have = self.ps.waiter, self.ps.have
+        self.tau = ctx.cfg.protocol.tau
+        self.w = self.xp.empty_like(self.ps.link.w)  # the local model
+        self.g = self.xp.empty_like(self.w)  # the trainer's gradient buffer
+        self.local = 0  # local steps done in this block
+        lay, cfg = ctx.layout, ctx.cfg
+        per = (len(lay.learners), self.tau, cfg.data.batch_size, ctx.train_size)
+        self.rule = LocalRule(cfg.optim, self.w.size, self.xp, self.w.dtype, per)
+
+    def weights(self) -> Any | None:
+        if self.local == 0:  # a block starts from the global model
+            start = self.ps.weights()
+            if start is None:
+                return None
+            self.xp.copyto(self.w, start)
+            self.rule.start(min(self.have.values()))
+        return self.w
+
+    def gradient_buffer(self) -> Any:
+        return self.g
+
+    def gradient(self, g: Any) -> None:
+        self.rule.step(self.w, g)
+        self.local += 1
+        if self.local == self.tau:
+            out = self.ps.gradient_buffer()
+            self.xp.copyto(out, self.w)
+            self.ps.gradient(out)
+            self.local = 0
+
+    def staleness(self) -> tuple[float, int]:
+        return self.ps.staleness()
+
+    def done(self) -> float:
+        return self.ps.done()
+
+    def close(self) -> None:
+        self.ps.close()
+
+    def finish(self) -> None:
+        self.ps.finish()
