@@ -54,8 +54,11 @@ def test_torch_lambda_1_equals_a_plain_torch_loop(tmp_path):
         (6, ("protocol.name=async", "comm.mode=thread", "blocks.count=3", "optim.rule=sgd",
              "optim.lr=0.2")),
         (6, ("protocol.name=hardsync", "cluster.tree_fanout=2", "comm.mode=nonblocking")),
+        (5, ("protocol.name=sync",)),  # the learners-only family: allreduce of the gradients
+        (5, ("protocol.name=bmuf",)),  # model averaging: local steps, then the filtered model
     ],
-    ids=["softsync-2-shards-by-layer", "async-thread", "hardsync-tree-nonblocking"],
+    ids=["softsync-2-shards-by-layer", "async-thread", "hardsync-tree-nonblocking", "sync",
+         "bmuf"],
 )
 def test_a_torch_cnn_learns_under_the_protocols(tmp_path, ranks, overrides):
     pytest.importorskip("torch")
