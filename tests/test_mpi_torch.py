@@ -107,3 +107,18 @@ def test_a_plain_model_learns_with_four_learners(tmp_path):
           "protocol.name=softsync", timeout=TIMEOUT)
     errors = load_dump(tmp_path / "stats.h5").group("test")["error"]
     assert errors.min() < 0.08 and errors[-1] < 0.1, errors  # softmax regression: ~4-5 %
+
+
+def test_torch_under_hybrid_one_learner_is_the_delayed_serial_reference(tmp_path):
+    """HYBRID allreduces one gradient buffer while the next is computed into the other: the
+    adapter's gradient views follow the alternating buffers (learners/serial.py reference)."""
+    pytest.importorskip("torch")
+    from learners.serial import train_serial_delayed
+
+    common = ("protocol.name=hybrid", "comm.mode=thread", "run.epochs=1", "model.kind=torch",
+              "model.module=examples/torch_cnn.py:build_mlp", "model.dtype=float64",
+              "optim.lr_milestones=[]")
+    train(tmp_path, 3, *common, timeout=TIMEOUT)
+    cfg = load_config(QUICKSTART, list(common))
+    want = train_serial_delayed(cfg, load_dataset(cfg.data, cfg.run.seed))
+    np.testing.assert_allclose(final_weights(tmp_path), want, rtol=1e-12, atol=1e-12)
