@@ -15,6 +15,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from learners.scaling import Scaling, choose
 from pserver.config import DataConfig
 from pserver.errors import ConfigError, DataError
 from pserver.limits import MAX_CLASSES, data_bytes
@@ -31,6 +32,8 @@ class Dataset:
     y_test: np.ndarray
     n_features: int
     n_classes: int
+    integer: bool = False  # the features were stored as integers (an HDF5 X of uint8, ...)
+    scaling: Scaling | None = None  # what load_dataset applied (learners/scaling.py)
 
 
 def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
@@ -45,6 +48,15 @@ def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
             f"{ds.name}: the training set has {n} samples, fewer than "
             f"data.batch_size = {cfg.batch_size}"
         )
+    return scale(ds, cfg.scale)
+
+
+def scale(ds: Dataset, mode: str) -> Dataset:
+    """``ds`` with ``data.scale = mode`` applied in place: constants from the training set,
+    applied to the training and the test set (``learners.scaling``)."""
+    ds.scaling = choose(mode, ds.X_train, ds.integer)
+    ds.scaling.apply(ds.X_train)
+    ds.scaling.apply(ds.X_test)
     return ds
 
 
@@ -105,16 +117,27 @@ def _synthetic(cfg: DataConfig, seed: int) -> Dataset:
 
 def _hdf5(cfg: DataConfig, seed: int) -> Dataset:
     X, y = read_hdf5(cfg.path)
+    integer = stored_integer(cfg.path)
     if not cfg.test_path:
         parts = _split(cfg.path, X, y, cfg.test_fraction, seed)
-        return _dataset(cfg.path, *parts)
+        ds = _dataset(cfg.path, *parts)
+        ds.integer = integer
+        return ds
     X_test, y_test = read_hdf5(cfg.test_path)
     if X_test.shape[1] != X.shape[1]:
         raise DataError(
             f"test file {cfg.test_path!r} has {X_test.shape[1]} features per sample but "
             f"training file {cfg.path!r} has {X.shape[1]}"
         )
-    return _dataset(cfg.path, X, y, X_test, y_test)
+    ds = _dataset(cfg.path, X, y, X_test, y_test)
+    ds.integer = integer
+    return ds
+
+
+def stored_integer(path: str | Path) -> bool:
+    """Whether ``X`` in ``path`` (already validated by :func:`read_hdf5`) holds integers."""
+    with h5py.File(path, "r") as f:
+        return f["X"].dtype.kind in "iub"
 
 
 def read_hdf5(path: str | Path) -> tuple[np.ndarray, np.ndarray]:

@@ -36,4 +36,14 @@ def build_model(cfg: ModelConfig, n_features: int, n_classes: int, xp: ModuleTyp
         return NullModel(n, n_classes, cfg.dtype, xp)
     if cfg.kind == "cnn":
         return build_cnn(cfg, n_features, n_classes, xp)
-    raise ConfigError(f"model.kind = {cfg.kind!r}: expected one of softmax, mlp, null, cnn")
+    if cfg.kind == "torch":  # imported here: only a torch run pays for importing PyTorch
+        from learners.torch_model import TorchModel
+
+        return TorchModel(cfg.module, n_features, n_classes, cfg.dtype, xp)
+    if cfg.kind == "python":
+        from learners.plain import PlainModel
+
+        return PlainModel(cfg.module, n_features, n_classes, cfg.dtype, xp)
+    raise ConfigError(
+        f"model.kind = {cfg.kind!r}: expected one of softmax, mlp, null, cnn, torch, python"
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Mapping
 
 # Variables through which a user already chose the threads of the BLAS libraries.
@@ -62,3 +63,6 @@ def limit_late_blas() -> None:
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=_chosen, user_api="blas")
+    torch = sys.modules.get("torch")  # model.kind = "torch": its intra-op pool, not only BLAS
+    if torch is not None:
+        torch.set_num_threads(_chosen)

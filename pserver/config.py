@@ -97,6 +97,9 @@ class ModelConfig:
     dtype: str = "float32"
     size_mib: float = 1.0  # kind = "null" only: parameters of a zero-compute model
     channels: list[int] = field(default_factory=lambda: [32, 64])  # kind = "cnn": conv1, conv2
+    # kind = "torch" | "python": "path/to/file.py:factory" or "package.module:factory"
+    # (docs/models.md)
+    module: str = ""
 
 
 @dataclass
@@ -110,6 +113,8 @@ class DataConfig:
     n_samples: int = 4096  # synthetic only
     n_features: int = 64  # synthetic only
     n_classes: int = 10  # synthetic only
+    # auto | none | minmax | standard, from the training set (learners/scaling.py)
+    scale: str = "auto"
 
 
 @dataclass
@@ -193,9 +198,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "protocol.lr_policy": ("auto", "none", "mean", "per-gradient", "nominal"),
     "protocol.pull_timestamp": ("auto", "iteration", "block"),
     "optim.rule": ("sgd", "momentum", "nesterov", "adagrad"),
-    "model.kind": ("softmax", "mlp", "null", "cnn"),
+    "model.kind": ("softmax", "mlp", "null", "cnn", "torch", "python"),
     "model.dtype": ("float32", "float64"),
     "data.source": ("digits", "synthetic", "hdf5"),
+    "data.scale": ("auto", "none", "minmax", "standard"),
     "blocks.split": ("size", "layer"),
     "comm.mode": ("blocking", "nonblocking", "thread"),
     "comm.staging": ("auto", "always", "never"),
@@ -398,6 +404,11 @@ def validate(cfg: Config) -> Config:
     if any(e <= 0 for e in m) or any(b <= a for a, b in zip(m, m[1:], strict=False)):
         raise ConfigError(
             f"optim.lr_milestones = {m!r}: expected increasing epochs >= 1, e.g. [10, 15]"
+        )
+    if cfg.model.kind in ("torch", "python") and not cfg.model.module.strip():
+        raise ConfigError(
+            f'model.kind = "{cfg.model.kind}" needs model.module, the file or module and the '
+            'function that builds the model, e.g. model.module = "examples/torch_cnn.py:build"'
         )
     if any(h <= 0 for h in cfg.model.hidden):
         raise ConfigError(f"model.hidden = {cfg.model.hidden!r}: expected positive layer widths")

@@ -124,6 +124,8 @@ def prepare(
     data_bytes, data_what = data_size(cfg.data)
     budget.check_data(data_bytes, data_what)
     dataset = load_dataset(cfg.data, cfg.run.seed)
+    if rank == 0 and dataset.scaling is not None and dataset.scaling.warning:  # said once
+        log.warning("%s", dataset.scaling.warning)
     backend = select_backend("cpu", 0, 1)
     if layout.role(rank) in (Role.LEARNER, Role.SERVER):
         backend = select_backend(cfg.run.device, *local, cfg.comm.cuda_aware)
@@ -175,6 +177,8 @@ def size_keys(cfg: Config) -> dict[str, str]:
         "mlp": f"model.hidden = {m.hidden}",
         "cnn": f"model.channels = {m.channels}",
         "null": f"model.size_mib = {m.size_mib}",
+        "torch": f"model.module = {m.module!r}",
+        "python": f"model.module = {m.module!r}",
     }.get(m.kind, f"model.kind = {m.kind!r} (the data's features x classes)")
     return {
         "model": model,

@@ -22,7 +22,9 @@ SOURCE_KEYS = {
     "n_samples": ("synthetic",), "n_features": ("synthetic",), "n_classes": ("synthetic",),
 }
 #: model.* keys -> the model.kind values that read them
-KIND_KEYS = {"hidden": ("mlp",), "size_mib": ("null",), "channels": ("cnn",)}
+KIND_KEYS = {
+    "hidden": ("mlp",), "size_mib": ("null",), "channels": ("cnn",), "module": ("torch", "python"),
+}
 #: Only warned about: examples/quickstart.toml sets protocol.n (under hardsync), model.hidden,
 #: data.test_fraction and protocol.lr_policy (which bmuf and ma do not use), and every
 #: protocol, model kind and source is run on it by override.

@@ -30,6 +30,7 @@ USES = {
     "threadpoolctl": "threadpoolctl",
     "tomli": "tomli",
     "cupy-cuda12x": "cupy",
+    "torch": "torch",  # model.kind = "torch" (learners/torch_model.py)
     "pytest": "pytest",
     "pandas": "pandas",
     "mpich": "file:scripts/setup.sh",  # the MPI library and mpiexec that setup.sh installs

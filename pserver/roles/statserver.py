@@ -27,6 +27,7 @@ from mpi4py import MPI
 from pserver import __version__
 from pserver.comm.records import decode
 from pserver.context import Context
+from pserver.stats.schema import DATA_SCALING
 from pserver.stats.writer import DumpWriteError, StatsWriter
 from pserver.wire import Header, Tag, WireError, header_buffer, model_epoch
 
@@ -63,12 +64,26 @@ class StatsServer:
             "pserver_version": __version__,
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "host": socket.gethostname(),
+            **self.scaling_attrs(),
         }
+
+    def scaling_attrs(self) -> dict[str, Any]:
+        """``data_scale`` (JSON: what data.scale applied), for the dump's root."""
+        scaling = getattr(self.ctx.dataset, "scaling", None)
+        return {} if scaling is None else {"data_scale": scaling.describe()}
+
+    def write_scaling(self) -> None:
+        """``data/offset`` and ``data/scale``: the constants the features were scaled with."""
+        scaling = getattr(self.ctx.dataset, "scaling", None)
+        if scaling is not None:
+            for name, values in zip(DATA_SCALING, (scaling.offset, scaling.scale), strict=True):
+                self.writer.replace_dataset(name, values)
 
     def run(self) -> None:
         self.ctx.log.info("writing %s", self.ctx.dump_path)
         try:
             with self.writer:
+                self.write_scaling()
                 self.serve()
         except DumpWriteError as exc:
             self.fail(exc)

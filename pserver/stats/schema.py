@@ -281,9 +281,13 @@ ROOT_ATTRS: dict[str, str] = {
     "wall_time": "float",
     "dropped_records": "string (JSON)",
     "dropped_records_total": "int",
+    "data_scale": "string (JSON)",
 }
 
 MODEL_WEIGHTS = "model/weights"  # the final flat vector, dtype of model.dtype (not a table)
+#: data.scale's constants (learners/scaling.py), float64 vectors of 1 or F values: the features
+#: the model saw are (x - offset) / scale (not tables)
+DATA_SCALING = ("data/offset", "data/scale")
 
 
 def typed_columns(group: str, columns: Mapping[str, Any]) -> dict[str, np.ndarray]:
