@@ -126,7 +126,7 @@ def test_a_uint8_hdf5_dataset_trains_and_the_dump_holds_its_scaling(tmp_path):
     ds = load_dataset(cfg.data, 0)
     with h5py.File(out / "stats.h5", "r") as f:
         described = json.loads(f.attrs["data_scale"])
-        offset, scale = f["data/offset"][:], f["data/scale"][:]
+        offset, scale = f["model/input_offset"][:], f["model/input_scale"][:]
         errors, losses = f["test/error"][:], f["train/loss"][:]
     assert described == json.loads(ds.scaling.describe())
     assert described["applied"] == "minmax" and not described["per_feature"]

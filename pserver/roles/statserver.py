@@ -73,7 +73,7 @@ class StatsServer:
         return {} if scaling is None else {"data_scale": scaling.describe()}
 
     def write_scaling(self) -> None:
-        """``data/offset`` and ``data/scale``: the constants the features were scaled with."""
+        """``model/input_offset`` and ``model/input_scale``: the constants the features were scaled with."""
         scaling = getattr(self.ctx.dataset, "scaling", None)
         if scaling is not None:
             for name, values in zip(DATA_SCALING, (scaling.offset, scaling.scale), strict=True):

@@ -287,7 +287,7 @@ ROOT_ATTRS: dict[str, str] = {
 MODEL_WEIGHTS = "model/weights"  # the final flat vector, dtype of model.dtype (not a table)
 #: data.scale's constants (learners/scaling.py), float64 vectors of 1 or F values: the features
 #: the model saw are (x - offset) / scale (not tables)
-DATA_SCALING = ("data/offset", "data/scale")
+DATA_SCALING = ("model/input_offset", "model/input_scale")
 
 
 def typed_columns(group: str, columns: Mapping[str, Any]) -> dict[str, np.ndarray]:
