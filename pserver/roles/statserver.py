@@ -27,6 +27,8 @@ from mpi4py import MPI
 from pserver import __version__
 from pserver.comm.records import decode
 from pserver.context import Context
+from pserver.provenance import dump_attrs
+from pserver.rundir import point_latest
 from pserver.stats.writer import DumpWriteError, StatsWriter
 from pserver.wire import Header, Tag, WireError, header_buffer
 
@@ -63,16 +65,28 @@ class StatsServer:
             "pserver_version": __version__,
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "host": socket.gethostname(),
+            **dump_attrs(lay, self.ctx.nodes, self.ctx.hosts, self.cfg.run.out_dir),
         }
 
     def run(self) -> None:
         self.ctx.log.info("writing %s", self.ctx.dump_path)
+        self.link_latest()
         try:
             with self.writer:
                 self.serve()
         except DumpWriteError as exc:
             self.fail(exc)
         self.ctx.log.info("dump written to %s", self.ctx.dump_path)
+
+    def link_latest(self) -> None:
+        """Point the runs' ``latest`` link here (pserver.rundir); a failure only warns: the
+        dump itself is where the log says."""
+        if self.ctx.latest is None:
+            return
+        try:
+            point_latest(self.ctx.latest, self.ctx.dump_path.parent)
+        except OSError as e:
+            self.ctx.log.warning("cannot point %s at this run: %s", self.ctx.latest, e)
 
     def serve(self) -> None:
         while self.live:

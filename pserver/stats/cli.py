@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pserver.errors import PserverError
+from pserver.rundir import find_dump
 from pserver.stats.reader import DumpError, load_dump, summarize
 
 T = TypeVar("T")
@@ -172,21 +173,27 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+DUMP_HELP = (
+    "the stats.h5 dump, its run directory, or a directory of runs (its latest run: "
+    "runs/quickstart)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Summarise or plot the HDF5 statistics dump (stats.h5) of a run."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("summary", help="print run facts, staleness, per-learner times, errors")
-    p.add_argument("dump", help="path of the stats.h5 dump")
+    p.add_argument("dump", help=DUMP_HELP)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=cmd_summary)
     p = sub.add_parser("plot", help="write staleness.png, test_error.png, train_loss.png")
-    p.add_argument("dump", help="path of the stats.h5 dump")
+    p.add_argument("dump", help=DUMP_HELP)
     p.add_argument("-o", "--outdir", help="directory for the PNGs (default: the dump's directory)")
     p.set_defaults(func=cmd_plot)
     p = sub.add_parser("check", help="check the dump's consistency rules (exit 1 if broken)")
-    p.add_argument("dump", help="path of the stats.h5 dump")
+    p.add_argument("dump", help=DUMP_HELP)
     p.set_defaults(func=cmd_check)
     return parser
 
@@ -194,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``pserver-stats``; returns the exit status."""
     args = build_parser().parse_args(argv)
+    args.dump = str(find_dump(args.dump))  # a run directory, or a directory of runs: its latest
     try:
         return args.func(args)
     except BrokenPipeError:
