@@ -84,7 +84,9 @@ def library_versions() -> dict[str, str]:
 
 
 def mpi_library(text: str) -> str:
-    """The first line of ``MPI_Get_library_version`` (MPICH prints a dozen of build options)."""
+    """The first line of ``MPI_Get_library_version`` (MPICH prints a dozen of build options),
+    printable characters only (Open MPI's ends in a NUL, which HDF5 strings cannot hold)."""
+    text = "".join(c for c in text if c.isprintable() or c == "\n")
     lines = [" ".join(ln.split()) for ln in text.splitlines() if ln.strip()]
     return lines[0] if lines else "unknown"
 

@@ -105,11 +105,12 @@ def test_the_shards_weight_versions_are_counted():
     assert three.rank_bytes("learner") == one.rank_bytes("learner")
 
 
-def test_only_the_data_and_statistics_servers_hold_the_dataset():
+def test_only_the_data_and_statistics_servers_hold_the_dataset(tmp_path):
     """Memory where it is needed: a learner or shard sees the data's shape, not its samples."""
     from pserver.context import prepare
 
-    cfg = load_config(None, ["data.source=synthetic", "data.n_samples=4000"])
+    over = ["data.source=synthetic", "data.n_samples=4000", f"run.out_dir={tmp_path}"]
+    cfg = load_config(None, over)
     held = {}
     for rank in range(5):  # server, stats, data, 2 learners
         ctx = prepare(cfg, 5, rank, logging.getLogger("test"), available=None, rid="t")

@@ -27,6 +27,7 @@ def test_library_line_and_restart_count():
     text = "MPICH Version:      4.3.0\nMPICH Release date: x\n"
     assert mpi_library(text) == "MPICH Version: 4.3.0"
     assert mpi_library("") == "unknown"
+    assert mpi_library("Open MPI v5.0.11, ident: 5.0.11 \0") == "Open MPI v5.0.11, ident: 5.0.11"
     assert restarts({"SLURM_RESTART_COUNT": "3"}) == 3 and restarts({}) == 0
 
 
