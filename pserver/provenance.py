@@ -59,7 +59,8 @@ def host_lines(table: Sequence[RankInfo]) -> list[str]:
             f"{i.rank} {i.role}" + (f" (parent {i.parent})" if i.parent >= 0 else "")
             for i in ranks
         ]
-        lines.append(f"host {host}: {len(ranks)} ranks: {', '.join(parts)}")
+        count = f"{len(ranks)} rank{'s' if len(ranks) > 1 else ''}"
+        lines.append(f"host {host}: {count}: {', '.join(parts)}")
     return lines
 
 
