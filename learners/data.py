@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,8 @@ from pserver.limits import MAX_CLASSES, data_bytes
 
 @dataclass
 class Dataset:
-    """A train/test split held in host memory."""
+    """A train/test split held in host memory, or only its shape (empty arrays): see
+    :func:`describe_dataset` and :meth:`test_only`."""
 
     name: str
     X_train: np.ndarray
@@ -34,20 +35,50 @@ class Dataset:
     n_classes: int
     integer: bool = False  # the features were stored as integers (an HDF5 X of uint8, ...)
     scaling: Scaling | None = None  # what load_dataset applied (learners/scaling.py)
+    n_train: int = -1  # training samples, also when X_train is not held (-1: len(y_train))
+
+    def __post_init__(self) -> None:
+        if self.n_train < 0:
+            self.n_train = len(self.y_train)
+
+    def test_only(self) -> Dataset:
+        """The same dataset without its training arrays (what the statistics server needs)."""
+        f = self.n_features
+        empty_X, empty_y = np.empty((0, f), np.float32), np.empty(0, np.int64)
+        return replace(self, X_train=empty_X, y_train=empty_y, n_train=self.n_train)
 
 
 def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
     """Load the dataset named by ``cfg.source``; splits and synthetic data follow ``seed``."""
     loaders = {"digits": _digits, "synthetic": _synthetic, "hdf5": _hdf5}
-    if cfg.source not in loaders:
-        raise ConfigError(f"data.source = {cfg.source!r}: expected one of {', '.join(loaders)}")
-    ds = loaders[cfg.source](cfg, seed)
-    n = len(ds.y_train)
+    return _checked(cfg, _pick(loaders, cfg)(cfg, seed))
+
+
+def describe_dataset(cfg: DataConfig, seed: int) -> Dataset:
+    """The dataset's shape (sizes, features, classes) with empty arrays, for the ranks that
+    never read a sample: from the config (synthetic), or from the file's metadata and its labels
+    (hdf5: X's shape and dtype, y read and checked: N labels, small beside X). The same errors
+    as :func:`load_dataset`, except for the values of X (NaN, infinity), which only the data
+    server reads, and reports before training like any bad input."""
+    shapes = {"digits": _digits_shape, "synthetic": _synthetic_shape, "hdf5": _hdf5_shape}
+    return _checked(cfg, _pick(shapes, cfg)(cfg, seed))
+
+
+def _pick(table: dict[str, Any], cfg: DataConfig) -> Any:
+    if cfg.source not in table:
+        raise ConfigError(f"data.source = {cfg.source!r}: expected one of {', '.join(table)}")
+    return table[cfg.source]
+
+
+def _checked(cfg: DataConfig, ds: Dataset) -> Dataset:
+    n = ds.n_train
     if n < cfg.batch_size:
         raise DataError(
             f"{ds.name}: the training set has {n} samples, fewer than "
             f"data.batch_size = {cfg.batch_size}"
         )
+    if len(ds.X_train) == 0:  # only its shape (describe_dataset): nothing to scale
+        return ds
     return scale(ds, cfg.scale)
 
 
@@ -138,6 +169,70 @@ def stored_integer(path: str | Path) -> bool:
     """Whether ``X`` in ``path`` (already validated by :func:`read_hdf5`) holds integers."""
     with h5py.File(path, "r") as f:
         return f["X"].dtype.kind in "iub"
+
+
+def _digits_shape(cfg: DataConfig, seed: int) -> Dataset:
+    """The digits are 460 KB: loaded and dropped, so the shape cannot differ from the data's."""
+    ds = _digits(cfg, seed)
+    return _shape_only(ds.name, ds.n_train, len(ds.y_test), ds.n_features, ds.n_classes)
+
+
+def _synthetic_shape(cfg: DataConfig, seed: int) -> Dataset:
+    n_train, n_test = _split_sizes("synthetic", cfg.n_samples, cfg.test_fraction)
+    return _shape_only("synthetic", n_train, n_test, cfg.n_features, cfg.n_classes)
+
+
+def _hdf5_shape(cfg: DataConfig, seed: int) -> Dataset:
+    n, f = _hdf5_meta(cfg.path)
+    y = _hdf5_labels(cfg.path, n)
+    if not cfg.test_path:
+        n_train, n_test = _split_sizes(cfg.path, n, cfg.test_fraction)
+        return _shape_only(cfg.path, n_train, n_test, f, int(y.max()) + 1)
+    n_test, f_test = _hdf5_meta(cfg.test_path)
+    y_test = _hdf5_labels(cfg.test_path, n_test)
+    if f_test != f:
+        raise DataError(
+            f"test file {cfg.test_path!r} has {f_test} features per sample but "
+            f"training file {cfg.path!r} has {f}"
+        )
+    return _shape_only(cfg.path, n, n_test, f, int(max(y.max(), y_test.max())) + 1)
+
+
+def _hdf5_meta(path: str) -> tuple[int, int]:
+    """(N, F) of X from the metadata, with X's dtype checked as the data server checks it."""
+    n, f, _ = hdf5_shape(path)
+    p = Path(path)
+    with h5py.File(p, "r") as fh:
+        dtype = _stored_dataset(p, fh, "X").dtype
+    if dtype.kind not in "biuf":
+        raise DataError(f"data file {str(p)!r}: X has dtype {dtype}, expected numbers")
+    return n, f
+
+
+def _hdf5_labels(path: str, n: int) -> np.ndarray:
+    p = Path(path)
+    try:
+        with h5py.File(p, "r") as fh:
+            y = np.asarray(_stored_dataset(p, fh, "y")[()])
+    except (OSError, RuntimeError, ValueError, KeyError) as e:
+        raise DataError(f"data file {str(p)!r} cannot be read: {e}") from None
+    return _check_y(p, y, n)
+
+
+def _split_sizes(name: str, n: int, fraction: float) -> tuple[int, int]:
+    """(training, test) sample counts of :func:`_split` without splitting."""
+    n_test = math.ceil(fraction * n)
+    if not 0 < n_test < n:
+        raise DataError(
+            f"{name}: cannot split {n} samples with test_fraction = {fraction}: "
+            f"that leaves {n_test} test and {n - n_test} training samples"
+        )
+    return n - n_test, n_test
+
+
+def _shape_only(name: str, n_train: int, n_test: int, f: int, n_classes: int) -> Dataset:
+    empty_X, empty_y = np.empty((0, f), np.float32), np.empty(0, np.int64)
+    return Dataset(name, empty_X, empty_y, empty_X, empty_y, f, n_classes, n_train=n_train)
 
 
 def read_hdf5(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
@@ -262,12 +357,7 @@ def _split(
     parts can hold one of each class; a plain random split otherwise.
     """
     n = len(y)
-    n_test = math.ceil(fraction * n)
-    if not 0 < n_test < n:
-        raise DataError(
-            f"{name}: cannot split {n} samples with test_fraction = {fraction}: "
-            f"that leaves {n_test} test and {n - n_test} training samples"
-        )
+    n_test = len(y) - _split_sizes(name, n, fraction)[0]
     rng = np.random.default_rng(seed)
     classes, counts = np.unique(y, return_counts=True)
     if counts.min() < 2 or min(n_test, n - n_test) < len(classes):

@@ -13,9 +13,10 @@ auto       integer data (an HDF5 ``X`` of an integer dtype, e.g. uint8 images): 
            learning rates diverges on such inputs)
 =========  ===========================================================================
 
-Unscaled uint8 images made SGD diverge without an error (loss 8.5e5, exit 0, 89.8 % test
-error); the statistics server writes the scaling and its constants into the dump
-(``data_scale`` attribute, ``model/input_offset`` and ``model/input_scale``, docs/stats.md). Pure numpy.
+Unscaled uint8 images made SGD diverge without an error (docs/config.md, ``data.scale``);
+the statistics server writes the scaling and its constants into the dump
+(``data_scale`` attribute, ``model/input_offset`` and ``model/input_scale``, docs/stats.md).
+Pure numpy.
 """
 
 from __future__ import annotations

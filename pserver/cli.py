@@ -21,7 +21,9 @@ from pserver.comm.waiting import PeerLog, Waiter
 from pserver.config import CommConfig, load_config
 from pserver.config import warnings as config_warnings
 from pserver.errors import PeerLost, RunError
+from pserver.launchcheck import lone_rank
 from pserver.logs import setup_logging, wait_until_read
+from pserver.rundir import run_id
 from pserver.startup import agree, failure_message, outcome, status_of
 from pserver.strategies import LOCAL_STEPS, PS, PS_OVERLAP, lookup
 from pserver.strategies.adpsgd import GOSSIP
@@ -64,11 +66,18 @@ def main(argv: list[str] | None = None) -> int:
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
-    args = parse_args(argv, rank)  # same outcome on every rank: no agreement needed
+    lone = lone_rank(size)  # srun without --mpi: N worlds of 1; say so once, not N times
+    args = parse_args(argv, rank if lone is None else int(not lone[1]))
+    if lone is not None:
+        if lone[1]:
+            print(f"pserver-run: error: {lone[0]}", file=sys.stderr, flush=True)
+        return 2
     from pserver.comm.collectives import learner_comm
     from pserver.context import learner_ranks, local_rank, prepare
 
     local, nodes, roster = local_rank(world)  # collective: before anything may fail on one rank
+    # one run id for every rank (its run directory, pserver.rundir): rank 0's, collectively
+    rid = world.bcast(run_id() if rank == 0 else None, root=0)
     learners = learner_comm(world, learner_ranks(args.config, args.overrides, size, nodes))
     peers = PeerLog(roster)
     log = setup_logging(rank, "starting")
@@ -79,8 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         log = setup_logging(rank, "starting", cfg.run.log_level)
         for line in config_warnings(cfg) if rank == 0 else ():  # once per run
             log.warning("%s", line)
-        ctx = prepare(cfg, size, rank, log, local, nodes, peers)
+        ctx = prepare(cfg, size, rank, log, local, nodes, peers, rid=rid)
         ctx.learner_comm = learners
+        ctx.hosts = [p.host for p in roster.procs]
     except BaseException as e:  # every failure must reach the agreement, or the others hang
         error = e
     waiter = Waiter(log, peers, comm.poll_min, comm.poll_max, comm.stall_timeout)
@@ -137,6 +147,8 @@ def run(ctx, world) -> None:  # noqa: ANN001 - Context and MPI.Comm, imported la
     from pserver.comm.channels import Channels
 
     ctx.log = setup_logging(ctx.rank, ctx.layout.describe(ctx.rank), ctx.cfg.run.log_level)
+    if ctx.rank == 0:
+        log_provenance(ctx)
     ctx.channels = Channels.create(world)
     # a thread that waits for the GIL gets it after at most this long: Python's default 5 ms
     # starves a comm thread beside pure-Python compute (docs/architecture.md, "The
@@ -160,6 +172,21 @@ def run(ctx, world) -> None:  # noqa: ANN001 - Context and MPI.Comm, imported la
     if ctx.shm is not None:
         ctx.shm.free()
     ctx.channels.free()
+
+
+def log_provenance(ctx) -> None:  # noqa: ANN001 - Context
+    """What runs where, in one line per host, and with which code (pserver.provenance)."""
+    from pserver.provenance import git_commit, host_lines, library_versions, rank_table
+
+    v = library_versions()
+    commit = git_commit() or "not a git checkout"
+    ctx.log.info(
+        "pserver %s (%s), Python %s, numpy %s, mpi4py %s, h5py %s, %s; run directory %s",
+        v["pserver"], commit, v["python"], v["numpy"], v["mpi4py"], v["h5py"], v["mpi"],
+        ctx.cfg.run.out_dir,
+    )  # fmt: skip
+    for line in host_lines(rank_table(ctx.layout, ctx.nodes, ctx.hosts)):
+        ctx.log.info("%s", line)
 
 
 # -- the role drivers: each imports its own module only when its rank plays that role --------

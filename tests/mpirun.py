@@ -6,7 +6,9 @@ Thin wrappers over :mod:`pserver.launch`: the launcher and its flags come from
 
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,6 +27,17 @@ def mpiexec() -> str:
         return launch.mpiexec_program()
     except launch.LaunchError as e:
         raise RuntimeError(str(e)) from None
+
+
+@functools.cache
+def launcher_is_hydra() -> bool:
+    """Whether the launcher is MPICH's Hydra (``mpiexec --version`` names it); tests that
+    drive Hydra's own options skip under another launcher (Open MPI's ``mpirun``)."""
+    try:
+        res = subprocess.run([mpiexec(), "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError, RuntimeError):
+        return False
+    return "HYDRA" in (res.stdout + res.stderr).upper()
 
 
 def run_job(

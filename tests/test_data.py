@@ -256,3 +256,64 @@ def test_declared_shape_is_known_without_reading(tmp_path):
 
 def test_data_path_that_is_a_directory(tmp_path):
     assert "is a directory, expected an HDF5 file" in hdf5_refused(tmp_path)
+
+
+# -- only the data server (and the statistics server, for its test set) holds the data ----------
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        DataConfig(),
+        DataConfig(source="synthetic", n_samples=500, n_features=7, n_classes=3),
+        DataConfig(source="synthetic", n_samples=500, test_fraction=0.3),
+    ],
+)
+def test_the_described_shape_is_the_loaded_one(cfg):
+    from learners.data import describe_dataset
+
+    full, shape = load_dataset(cfg, seed=1), describe_dataset(cfg, seed=1)
+    assert (shape.n_train, shape.n_features, shape.n_classes, shape.name) == (
+        len(full.y_train), full.n_features, full.n_classes, full.name)  # fmt: skip
+    assert shape.X_train.size == shape.X_test.size == 0  # nothing held
+
+
+def test_hdf5_shape_comes_from_metadata_and_labels(tmp_path):
+    from learners.data import describe_dataset
+
+    write_hdf5_dataset(tmp_path / "tr.h5", np.ones((40, 2, 3)), np.arange(40) % 5)
+    write_hdf5_dataset(tmp_path / "te.h5", np.zeros((9, 6)), np.array([0, 6] + [1] * 7))
+    for test_path in ("", str(tmp_path / "te.h5")):
+        cfg = DataConfig(source="hdf5", path=str(tmp_path / "tr.h5"), test_path=test_path,
+                         batch_size=8)  # fmt: skip
+        full, shape = load_dataset(cfg, 0), describe_dataset(cfg, 0)
+        assert (shape.n_train, shape.n_features, shape.n_classes) == (
+            len(full.y_train), full.n_features, full.n_classes)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "writer, fragment",
+    [
+        (None, "does not exist"),
+        (write_text, "not an HDF5 file"),
+        (missing_key("X"), "no dataset 'X'"),
+        (with_data(GOOD_X, GOOD_Y[:30]), "X has 40 samples but y has"),
+        (with_data(GOOD_X, GOOD_Y + 0.5), "integer class labels"),
+        (with_data(np.array(["a"] * 40, dtype="S1")[:, None], GOOD_Y), "expected numbers"),
+        (with_data(GOOD_X[:, 0], GOOD_Y), r"X has shape \(40,\)"),
+        (with_data(GOOD_X[:8], GOOD_Y[:8]), "6 samples, fewer than data.batch_size = 32"),
+    ],
+)
+def test_described_hdf5_refuses_what_loading_refuses(tmp_path, writer, fragment):
+    from learners.data import describe_dataset
+
+    path = tmp_path / "bad.h5"
+    if writer is not None:
+        writer(path)
+    with pytest.raises(DataError, match=fragment):
+        describe_dataset(DataConfig(source="hdf5", path=str(path)), seed=0)
+
+
+def test_stats_server_keeps_the_test_set_only():
+    ds = load_dataset(DataConfig(), 0).test_only()
+    assert ds.X_train.size == 0 and ds.n_train == 1347 and len(ds.y_test) == 450

@@ -102,3 +102,40 @@ def test_slurm_script_runs_a_job_with_mpiexec_outside_slurm(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert (tmp_path / "stats.h5").is_file()
     assert "test error" in res.stdout  # the summary printed after the run
+
+
+@pytest.mark.mpi
+def test_slurm_script_passes_sigterm_on_to_every_rank(tmp_path):
+    """SLURM's time limit (--signal=B:TERM@120) signals the batch script only: it must pass the
+    signal on to the launcher, or the ranks train on, orphaned, until SLURM kills them."""
+    import signal
+    import time
+
+    from pserver.stats.reader import load_dump
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(PSERVER_NP="4", PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}")
+    cmd = ["bash", str(SLURM), "run.epochs=100000", f"run.out_dir={tmp_path}",
+           "stats.progress=false", "stats.flush_interval=0.2"]  # fmt: skip
+    log = open(tmp_path / "job.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
+                            start_new_session=True)  # fmt: skip
+    try:
+        deadline, pause = time.monotonic() + 120, 0.1
+        while not (tmp_path / "stats.h5").exists():  # training has started
+            assert proc.poll() is None and time.monotonic() < deadline, "no dump appeared"
+            time.sleep(pause)
+            pause = min(2 * pause, 2.0)
+        os.kill(proc.pid, signal.SIGTERM)  # the batch script only, as SLURM's --signal=B:
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    text = (tmp_path / "job.log").read_text()
+    assert "got SIGTERM; passing it to the ranks" in text, text
+    assert proc.returncode != 0 and "pserver.slurm: exit status" in text, text
+    with pytest.raises(ProcessLookupError):  # no rank left behind in the job's group
+        os.killpg(proc.pid, 0)
+    assert load_dump(tmp_path / "stats.h5").attrs["pserver_version"]

@@ -103,3 +103,26 @@ def test_the_shards_weight_versions_are_counted():
     assert three.rank_bytes("aggregator")["model"] - one.rank_bytes("aggregator")["model"] == (
         2 * GiB)
     assert three.rank_bytes("learner") == one.rank_bytes("learner")
+
+
+def test_only_the_data_and_statistics_servers_hold_the_dataset(tmp_path):
+    """Memory where it is needed: a learner or shard sees the data's shape, not its samples."""
+    from pserver.context import prepare
+
+    over = ["data.source=synthetic", "data.n_samples=4000", f"run.out_dir={tmp_path}"]
+    cfg = load_config(None, over)
+    held = {}
+    for rank in range(5):  # server, stats, data, 2 learners
+        ctx = prepare(cfg, 5, rank, logging.getLogger("test"), available=None, rid="t")
+        held[ctx.layout.describe(rank)] = (ctx.dataset.X_train.size, ctx.dataset.X_test.size)
+        assert ctx.train_size == 3000
+    assert held["data server"][0] > 0 and held["stats server"] == (0, 1000 * 64)
+    assert held["server 0"] == held["learner 0"] == held["learner 1"] == (0, 0)
+
+
+def test_the_node_check_counts_the_ranks_that_load_the_data():
+    roles = ["server", "stats", "data", "learner", "learner", "learner"]
+    budget = NodeBudget(10 * GiB, roles, rank=0, holders=["stats", "data"])
+    budget.check_data(4 * GiB, "data file 'big.h5'")  # 2 x 4 GiB fit; 6 x 4 GiB would not
+    with pytest.raises(ConfigError, match="the stats and data server.* 2 of them"):
+        budget.check_data(6 * GiB, "data file 'big.h5'")

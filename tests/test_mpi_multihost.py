@@ -22,11 +22,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from mpirun import QUICKSTART, ROOT, Result, mpiexec
+from mpirun import QUICKSTART, ROOT, Result, launcher_is_hydra, mpiexec
 
 from pserver.stats.reader import load_dump
 
-pytestmark = [pytest.mark.mpi, pytest.mark.multihost]
+pytestmark = [
+    pytest.mark.mpi,
+    pytest.mark.multihost,
+    pytest.mark.skipif(not launcher_is_hydra(), reason="drives Hydra's -launcher/-launcher-exec "
+                       "and hostfile options: MPICH's mpiexec only"),  # fmt: skip
+]
 
 SCRIPT = ROOT / "scripts" / "netns-hosts.sh"
 SETUP_TIMEOUT = 60.0  # seconds for any netns-hosts.sh call

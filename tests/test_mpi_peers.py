@@ -21,7 +21,7 @@ pytestmark = pytest.mark.mpi
 
 TIMEOUT = 90.0
 # each rank: Python in the background, its pid in a file, and a shell that stays after it dies
-WRAPPER = '"$@" & echo $! > "$PIDS/$PMI_RANK"; wait $!; exec sleep 300'
+WRAPPER = '"$@" & echo $! > "$PIDS/${PMI_RANK:-$OMPI_COMM_WORLD_RANK}"; wait $!; exec sleep 300'
 
 
 def test_killed_shard_is_named_by_the_survivors(tmp_path):

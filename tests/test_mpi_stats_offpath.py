@@ -54,7 +54,8 @@ def rank_pid(launcher: int, rank: int) -> int | None:
             continue
         try:
             env = (entry / "environ").read_bytes().split(b"\0")
-            if f"PMI_RANK={rank}".encode() in env and descends(int(entry.name), launcher):
+            mine = {f"{var}={rank}".encode() for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK")}
+            if mine & set(env) and descends(int(entry.name), launcher):
                 return int(entry.name)
         except (OSError, ValueError):  # gone meanwhile, or not ours to read
             continue

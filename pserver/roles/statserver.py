@@ -27,6 +27,8 @@ from mpi4py import MPI
 from pserver import __version__
 from pserver.comm.records import decode
 from pserver.context import Context
+from pserver.provenance import dump_attrs
+from pserver.rundir import point_latest
 from pserver.stats.schema import DATA_SCALING
 from pserver.stats.writer import DumpWriteError, StatsWriter
 from pserver.wire import Header, Tag, WireError, header_buffer, model_epoch
@@ -65,6 +67,7 @@ class StatsServer:
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "host": socket.gethostname(),
             **self.scaling_attrs(),
+            **dump_attrs(lay, self.ctx.nodes, self.ctx.hosts, self.cfg.run.out_dir),
         }
 
     def scaling_attrs(self) -> dict[str, Any]:
@@ -73,7 +76,8 @@ class StatsServer:
         return {} if scaling is None else {"data_scale": scaling.describe()}
 
     def write_scaling(self) -> None:
-        """``model/input_offset`` and ``model/input_scale``: the constants the features were scaled with."""
+        """``model/input_offset`` and ``model/input_scale``: the constants the features were
+        scaled with."""
         scaling = getattr(self.ctx.dataset, "scaling", None)
         if scaling is not None:
             for name, values in zip(DATA_SCALING, (scaling.offset, scaling.scale), strict=True):
@@ -81,6 +85,7 @@ class StatsServer:
 
     def run(self) -> None:
         self.ctx.log.info("writing %s", self.ctx.dump_path)
+        self.link_latest()
         try:
             with self.writer:
                 self.write_scaling()
@@ -88,6 +93,16 @@ class StatsServer:
         except DumpWriteError as exc:
             self.fail(exc)
         self.ctx.log.info("dump written to %s", self.ctx.dump_path)
+
+    def link_latest(self) -> None:
+        """Point the runs' ``latest`` link here (pserver.rundir); a failure only warns: the
+        dump itself is where the log says."""
+        if self.ctx.latest is None:
+            return
+        try:
+            point_latest(self.ctx.latest, self.ctx.dump_path.parent)
+        except OSError as e:
+            self.ctx.log.warning("cannot point %s at this run: %s", self.ctx.latest, e)
 
     def serve(self) -> None:
         while self.live:

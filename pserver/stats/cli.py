@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from pserver.errors import PserverError
 from pserver.stats.reader import DumpError, load_dump, summarize
+from pserver.stats.runs import resolve_dump
 
 T = TypeVar("T")
 PROG = "pserver-stats"
@@ -209,6 +210,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     for path in checked(args.run, export_csv, load_run(args.run), Path(args.csv)):
         print(path)
     return 0
+DUMP_HELP = (
+    "the stats.h5 dump, its run directory, or a directory of runs (its latest run: "
+    "runs/quickstart)"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -218,15 +223,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("summary", help="print run facts, staleness, per-learner times, errors")
-    p.add_argument("dump", help="path of the stats.h5 dump")
+    p.add_argument("dump", help=DUMP_HELP)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=cmd_summary)
     p = sub.add_parser("plot", help="write staleness.png, test_error.png, train_loss.png")
-    p.add_argument("dump", help="path of the stats.h5 dump")
+    p.add_argument("dump", help=DUMP_HELP)
     p.add_argument("-o", "--outdir", help="directory for the PNGs (default: the dump's directory)")
     p.set_defaults(func=cmd_plot)
     p = sub.add_parser("check", help="check the dump's consistency rules (exit 1 if broken)")
-    p.add_argument("dump", help="path of the stats.h5 dump")
+    p.add_argument("dump", help=DUMP_HELP)
     p.set_defaults(func=cmd_check)
     run_help = "a stats.h5 dump, its run directory, or a directory with a 'latest' run"
     p = sub.add_parser(
@@ -247,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``pserver-stats``; returns the exit status."""
     args = build_parser().parse_args(argv)
     try:
+        if hasattr(args, "dump"):  # a run directory, or a directory of runs: its latest
+            args.dump = str(resolve_dump(args.dump))
         return args.func(args)
     except BrokenPipeError:
         # The reader went away (``| head``): not an error. Point stdout at /dev/null so the

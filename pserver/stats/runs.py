@@ -15,10 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pserver.rundir import DUMP_NAME, LATEST  # one spelling of the names a run directory has
 from pserver.stats.reader import Dump, DumpError, load_dump
-
-DUMP_NAME = "stats.h5"
-LATEST = "latest"
 
 
 def resolve_dump(run: str | Path) -> Path:

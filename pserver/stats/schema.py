@@ -282,6 +282,14 @@ ROOT_ATTRS: dict[str, str] = {
     "dropped_records": "string (JSON)",
     "dropped_records_total": "int",
     "data_scale": "string (JSON)",
+    # provenance (pserver.provenance): which code, libraries, launch and ranks made the dump
+    "git_commit": "string",
+    "versions": "string (JSON)",
+    "mpi_library": "string",
+    "ranks": "string (JSON)",
+    "run_dir": "string",
+    "launch": "string (JSON)",
+    "restarts": "int",
 }
 
 MODEL_WEIGHTS = "model/weights"  # the final flat vector, dtype of model.dtype (not a table)

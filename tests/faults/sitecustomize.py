@@ -13,7 +13,9 @@ import os
 
 _fault = os.environ.get("PSERVER_TEST_FAULT", "")
 _rank, _, _kind = _fault.partition(":")
-if _fault and os.environ.get("PMI_RANK") == _rank:
+# the launcher's rank: Hydra's PMI_RANK, or Open MPI's OMPI_COMM_WORLD_RANK
+_mine = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK"))
+if _fault and _mine == _rank:
     import errno
     import time
     from pathlib import Path

@@ -1,0 +1,35 @@
+"""Provenance (pserver.provenance): roles, hosts, node-local ranks and tree parents."""
+
+from __future__ import annotations
+
+from pserver.config import load_config
+from pserver.provenance import git_commit, host_lines, mpi_library, rank_table, restarts
+from pserver.topology import make_layout
+
+
+def test_rank_table_names_every_ranks_role_host_local_rank_and_parent():
+    cfg = load_config(None, ["cluster.tree_fanout=2"])
+    layout = make_layout(6, cfg)  # server, stats, data, aggregator 0 with learners 0-1
+    nodes = [0, 0, 0, 3, 3, 3]
+    hosts = ["a", "a", "a", "b", "b", "b"]
+    table = rank_table(layout, nodes, hosts)
+    assert [(i.host, i.local_rank) for i in table] == [
+        ("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1), ("b", 2)]  # fmt: skip
+    agg = table[3]
+    assert agg.role == "aggregator 0"
+    assert [i.parent for i in table if i.role.startswith("learner")] == [3, 3]
+    lines = host_lines(table)
+    assert len(lines) == 2 and lines[1].startswith("host b: 3 ranks: 3 aggregator 0, 4 learner 0 "
+                                                   "(parent 3)")  # fmt: skip
+
+
+def test_library_line_and_restart_count():
+    text = "MPICH Version:      4.3.0\nMPICH Release date: x\n"
+    assert mpi_library(text) == "MPICH Version: 4.3.0"
+    assert mpi_library("") == "unknown"
+    assert mpi_library("Open MPI v5.0.11, ident: 5.0.11 \0") == "Open MPI v5.0.11, ident: 5.0.11"
+    assert restarts({"SLURM_RESTART_COUNT": "3"}) == 3 and restarts({}) == 0
+
+
+def test_no_commit_outside_a_checkout(tmp_path):
+    assert git_commit(tmp_path) == ""
