@@ -62,6 +62,9 @@ def train_serial_predicted(
         lr = scheduled_lr(cfg.optim, step * batch // n_train)
         updater.step(w, grad, lr)
         predictor.after_update(step + 1, 0.0, lr, w, velocity)
+    return w
+
+
 def train_serial_delayed(cfg: Config, dataset: Dataset, steps: int | None = None) -> np.ndarray:
     """HYBRID's serial reference (IBM §3): the same SGD, each gradient applied one step late.
 
