@@ -37,6 +37,7 @@ PACKAGES = ("pserver", "learners")
 # is transport by definition).
 PURE = (
     "pserver.config",
+    "pserver.checkpoint",
     "pserver.topology",
     "pserver.clocks",
     "pserver.protocols/",
