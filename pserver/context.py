@@ -43,6 +43,7 @@ class Context:
     peers: PeerLog = field(default_factory=PeerLog)
     learner_comm: Any = None  # MPI.Comm of the learners on a learner (learner_ranks), else None
     t0: float = field(default_factory=time.time)
+    resume: Any = None  # pserver.resume.Resume: the checkpoint this rank continues from
 
     @property
     def role(self) -> Role:
