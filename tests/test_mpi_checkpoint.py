@@ -47,17 +47,21 @@ def errors(text: str) -> list[str]:
     return [ln for ln in text.splitlines() if ln.startswith("pserver-run: error:")]
 
 
-@pytest.mark.parametrize("protocol", ["hardsync", "async"])
-def test_lambda1_resumed_at_a_run_end_equals_the_uninterrupted_run(tmp_path, protocol):
+@pytest.mark.parametrize(
+    ("protocol", "mode"),
+    [("hardsync", "blocking"), ("async", "blocking"), ("hardsync", "thread")],
+)
+def test_lambda1_resumed_at_a_run_end_equals_the_uninterrupted_run(tmp_path, protocol, mode):
     """2 epochs, then ``--resume`` for 2 more: the same final weights, bit for bit, as 4
     epochs in one go (the data stream replays the minibatches prefetched but never used)."""
     a, b = tmp_path / "a", tmp_path / "b"
-    first = job(a, f"protocol.name={protocol}", "run.epochs=2")
+    setting = [f"protocol.name={protocol}", f"comm.mode={mode}"]
+    first = job(a, *setting, "run.epochs=2")
     assert first.returncode == 0, first.output
     assert latest(a / "checkpoint").generation == 1
-    second = job(a, f"protocol.name={protocol}", "run.epochs=4", resume=True)
+    second = job(a, *setting, "run.epochs=4", resume=True)
     assert second.returncode == 0, second.output
-    whole = job(b, f"protocol.name={protocol}", "run.epochs=4")
+    whole = job(b, *setting, "run.epochs=4")
     assert whole.returncode == 0, whole.output
     (wa, attrs_a), (wb, attrs_b) = final_model(a), final_model(b)
     assert attrs_a["epoch"] == attrs_b["epoch"] == 4
@@ -156,6 +160,26 @@ def test_resume_refusals_exit_2_with_one_line(tmp_path):
     assert "corrupt" in refused()
     (a / "checkpoint" / MANIFEST).write_text(json.dumps({"format": 1}))
     assert "cannot be read" in refused()
+
+
+def test_a_checkpoint_that_cannot_be_written_is_reported_and_the_previous_one_kept(tmp_path):
+    """A file where the next generation's directory goes (as a full disk would): exit 4, one
+    line, LATEST still names generation 1; resuming from it again gives one dump, one row per
+    epoch (the rows of the run whose checkpoint failed are dropped)."""
+    a = tmp_path / "a"
+    assert job(a, "run.epochs=1").returncode == 0
+    blocker = a / "checkpoint" / "g000002"
+    blocker.write_text("in the way")
+    res = job(a, "run.epochs=2", resume=True)
+    assert res.returncode == 4, res.output
+    assert any("not committed" in ln for ln in errors(res.output)), res.output
+    assert latest(a / "checkpoint").generation == 1
+    blocker.unlink()
+    res = job(a, "run.epochs=2", resume=True)
+    assert res.returncode == 0, res.output
+    with h5py.File(a / "stats.h5", "r") as f:
+        assert list(f["test/epoch"][()]) == [1, 2]
+        assert f.attrs["restarts"] == 1  # the restart counted from the committed generation
 
 
 def test_unsupported_modes_are_refused_with_one_line(tmp_path):

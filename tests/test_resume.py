@@ -73,7 +73,7 @@ def test_a_continued_dump_keeps_its_rows_and_appends(tmp_path):
                  loss=np.array([1.0]), error=np.array([0.5]))
         w.append_clocks("updates", "vector_clock", [[1, 2]])
     with StatsWriter(path, {"run": 2}, resume=True) as w:
-        assert w.rows() == {"test": 1}
+        assert w.rows() == {"test": 1, "updates/vector_clock": 1}
         w.append("test", epoch=np.array([2.0]), time=np.array([1.5]),
                  samples=np.array([20]), timestamp=np.array([6]),
                  loss=np.array([0.5]), error=np.array([0.25]))
@@ -99,3 +99,21 @@ def test_unsupported_combinations_are_named(key, value, named):
     section, name = key.split(".")
     setattr(getattr(cfg, section), name, value)
     assert named in unsupported(cfg)
+
+
+def test_a_continued_dump_drops_the_rows_written_after_its_checkpoint(tmp_path):
+    path = tmp_path / "stats.h5"
+    with StatsWriter(path, {}) as w:
+        w.append("skipped_tests", epoch=np.array([1.0]), time=np.array([0.5]),
+                 blocks_received=np.array([0]))
+        w.append_clocks("updates", "vector_clock", [[1], [2]])
+        at_checkpoint = w.rows()
+        w.append("skipped_tests", epoch=np.array([2.0]), time=np.array([1.5]),
+                 blocks_received=np.array([0]))
+        w.append_clocks("updates", "vector_clock", [[3]])
+    assert at_checkpoint == {"skipped_tests": 1, "updates/vector_clock": 2}
+    with StatsWriter(path, {}, resume=True) as w:
+        w.truncate(at_checkpoint)
+    with h5py.File(path, "r") as f:
+        assert list(f["skipped_tests/epoch"][()]) == [1.0]
+        assert f["updates/vector_clock"][()].tolist() == [[1], [2]]

@@ -129,6 +129,7 @@ class StatsServer:
         a = state.attrs
         self.tested, self.skipped = set(a["tested"]), set(a["skipped"])
         self.sigma_sum, self.sigma_n, self.sigma_max = a["sigma"]
+        self.writer.truncate(a["dump_rows"])  # rows after the checkpoint come again
         resume = self.ctx.resume
         self.writer.set_attrs(
             "/", restarts=resume.restarts, resumed_generation=resume.manifest.generation

@@ -284,8 +284,21 @@ class StatsWriter:
                     self._clocks[f"{group}/{name}"] = ds
 
     def rows(self) -> dict[str, int]:
-        """Rows written so far in each group (recorded in a checkpoint)."""
-        return {g: next(iter(c.values())).shape[0] for g, c in self._columns.items() if c}
+        """Rows written so far in each group and ragged clock dataset (for a checkpoint)."""
+        out = {g: next(iter(c.values())).shape[0] for g, c in self._columns.items() if c}
+        out.update({key: ds.shape[0] for key, ds in self._clocks.items()})
+        return out
+
+    def truncate(self, rows: dict[str, int]) -> None:
+        """Cut every group back to ``rows`` (a checkpoint's :meth:`rows`): rows written after
+        that checkpoint (by a run killed later, or one whose next checkpoint failed) would be
+        written again by the resumed run."""
+        with self._guard("truncate"):
+            for group, columns in self._columns.items():
+                for ds in columns.values():
+                    ds.resize((min(ds.shape[0], rows.get(group, 0)),))
+            for key, ds in self._clocks.items():
+                ds.resize((min(ds.shape[0], rows.get(key, 0)), ds.shape[1]))
 
     def _check_rows(self, group: str, arrays: dict[str, np.ndarray]) -> int:
         if not arrays:
