@@ -151,7 +151,7 @@ def die(message: str, world) -> None:  # noqa: ANN001 - MPI.Comm
 
 def run(ctx, world) -> int:  # noqa: ANN001 - Context and MPI.Comm, imported lazily
     """Build the role's driver, run it to the end of training, checkpoint; the exit status
-    (``pserver.roles.ckpt_end``: 0 done, 3 stopped by a signal, 4 checkpoint not written)."""
+    (``pserver.roles.ckpt_end``: 0 done, 75 stopped by a signal, 74 checkpoint not written)."""
     from pserver.blas import limit_blas_threads
     from pserver.comm.channels import Channels
     from pserver.roles.ckpt_end import end_checkpoint

@@ -18,7 +18,9 @@ import signal
 from types import FrameType
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-STOPPED = 3  # the exit status of a run stopped by a signal after its checkpoint: resume it
+# the exit status of a run stopped by a signal after its checkpoint: resume it (sysexits'
+# EX_TEMPFAIL, "try again later"; 3 is a dump that cannot be written, 1 a failure)
+STOPPED = 75
 
 
 class StopRequest:

@@ -8,7 +8,7 @@ For each model (the quickstart MLP; ``model.kind = "null"`` of 64 MiB) it
    ``--repeat`` writes, in a fresh directory under ``--dir``;
 2. runs the job (7 ranks: 1 shard, 4 learners), sends SIGTERM to ``mpiexec`` once the dump shows
    training under way, and reports the seconds from the signal to the exit of the last rank,
-   the exit status (3 expected) and the bytes of the committed generation.
+   the exit status (75 expected) and the bytes of the committed generation.
 
 Timings on a loaded machine are not figures: run it alone, on a quiet node::
 
@@ -96,7 +96,7 @@ def sigterm_run(model: str, out: Path, timeout: float) -> tuple[float, int, int]
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    if proc.returncode != 3:
+    if proc.returncode != 75:
         print(output, file=sys.stderr)
     m = latest(out / "checkpoint")
     gen = out / "checkpoint" / f"g{m.generation:06d}" if m else None

@@ -55,6 +55,9 @@ PURE = (
     "pserver.shard_block",
     "pserver.epochs",
     "pserver.versions",
+    "pserver.shard_ckpt",
+    "pserver.signals",
+    "pserver.resume",
     "learners/",
 )
 IMPURE = ("mpi4py", "pserver.comm", "pserver.roles")

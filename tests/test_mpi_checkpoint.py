@@ -92,7 +92,7 @@ def train_rows(dump: Path) -> int:
 
 def test_sigterm_checkpoints_every_rank_and_the_resumed_run_is_bit_identical(tmp_path):
     """SIGTERM to mpiexec once the dump shows 20 minibatches: every rank writes its state,
-    the job exits 3 (resume me), and ``--resume`` ends with the uninterrupted run's weights."""
+    the job exits 75 (resume me), and ``--resume`` ends with the uninterrupted run's weights."""
     a, b = tmp_path / "a", tmp_path / "b"
     slow = ["run.epochs=6", "inject.compute_time=0.02", "stats.flush_interval=0.1"]
     proc = start([str(QUICKSTART), f"run.out_dir={a}", *QUIET, *slow])
@@ -109,7 +109,7 @@ def test_sigterm_checkpoints_every_rank_and_the_resumed_run_is_bit_identical(tmp
         took = time.monotonic() - sent
     finally:
         killer.cancel()
-    assert proc.returncode == 3, f"exit {proc.returncode} after SIGTERM:\n{out}"
+    assert proc.returncode == 75, f"exit {proc.returncode} after SIGTERM:\n{out}"
     manifest = latest(a / "checkpoint")
     assert manifest is not None and manifest.extra["stopped"] is True, out
     files = sorted(p.name for p in (a / "checkpoint" / f"g{manifest.generation:06d}").iterdir())
@@ -163,7 +163,7 @@ def test_resume_refusals_exit_2_with_one_line(tmp_path):
 
 
 def test_a_checkpoint_that_cannot_be_written_is_reported_and_the_previous_one_kept(tmp_path):
-    """A file where the next generation's directory goes (as a full disk would): exit 4, one
+    """A file where the next generation's directory goes (as a full disk would): exit 74, one
     line, LATEST still names generation 1; resuming from it again gives one dump, one row per
     epoch (the rows of the run whose checkpoint failed are dropped)."""
     a = tmp_path / "a"
@@ -171,7 +171,7 @@ def test_a_checkpoint_that_cannot_be_written_is_reported_and_the_previous_one_ke
     blocker = a / "checkpoint" / "g000002"
     blocker.write_text("in the way")
     res = job(a, "run.epochs=2", resume=True)
-    assert res.returncode == 4, res.output
+    assert res.returncode == 74, res.output
     assert any("not committed" in ln for ln in errors(res.output)), res.output
     assert latest(a / "checkpoint").generation == 1
     blocker.unlink()

@@ -13,8 +13,8 @@ statistics server's rank commits generation g (the ``LATEST`` manifest) only whe
 wrote its file, so a job killed at any moment keeps the previous generation valid.
 
 Exit status of every rank (docs/checkpoints.md): 0 the run is over and checkpointed (it can be
-continued for more epochs with ``--resume``); 3 (``signals.STOPPED``) stopped by a signal with
-its checkpoint committed: resume it; 4 a checkpoint that could not be written (a full disk):
+continued for more epochs with ``--resume``); 75 (``signals.STOPPED``) stopped by a signal with
+its checkpoint committed: resume it; 74 a checkpoint that could not be written (a full disk):
 one line says why, and the previous generation stays the one to resume from.
 
 Liveness: every rank reaches the agreement once its loop ended (the loops end as at any run's
@@ -36,7 +36,7 @@ from pserver.startup import agree
 from pserver.topology import Role
 
 WRITE_FAILED, STOPPED_EARLY = 1, 2  # bits of a rank's report
-NOT_WRITTEN = 4  # exit status when the checkpoint could not be written
+NOT_WRITTEN = 74  # exit status when the checkpoint could not be written (EX_IOERR)
 
 
 def generation(ctx: Any) -> int:
