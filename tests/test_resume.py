@@ -117,3 +117,20 @@ def test_a_continued_dump_drops_the_rows_written_after_its_checkpoint(tmp_path):
     with h5py.File(path, "r") as f:
         assert list(f["skipped_tests/epoch"][()]) == [1.0]
         assert f["updates/vector_clock"][()].tolist() == [[1], [2]]
+
+
+def test_a_hardsync_round_stops_waiting_for_a_learner_that_said_goodbye():
+    """λ = 3: learner 0 stopped after its step k (a signal), 1 and 2 pushed step k+1: without
+    retirement the round waited for learner 0 forever and the others' last pulls hung."""
+    from pserver.protocols.base import Arrival
+    from pserver.protocols.rudra import Hardsync
+
+    p = Hardsync(3, 4, 4)
+    for k in (1, 2):
+        assert p.on_gradient(Arrival(k, 5, 0.0), 5).accept
+    assert not p.ready()
+    p.retire(0)
+    assert p.ready()
+    assert p.commit(5).divisor == 2
+    p.retire(1)
+    assert not p.ready()  # an empty round never updates

@@ -278,6 +278,10 @@ class ServerShard:
         self.live.discard(h.sender)
         for st in self.blocks.values():
             st.arith.protocol.retire(self.ctx.layout.index(h.sender))
+            # a learner stopped by a signal (pserver.signals) while the others finish their
+            # step: the round they complete no longer waits for it (hardsync's lockstep)
+            if not st.arith.done and st.arith.in_round and st.arith.ready(self.ctx.now()):
+                self.update(st)
             self.answer_waiting(st)
 
     # -- checkpoints (pserver.roles.ckpt_end, pserver.shard_ckpt) -----------------------------
