@@ -73,8 +73,8 @@ def test_lambda1_resumed_at_a_run_end_equals_the_uninterrupted_run(tmp_path, pro
     assert latest(a / "checkpoint").generation == 2
 
 
-def start(args: list[str]) -> subprocess.Popen:
-    cmd = launch.mpi_command(LAMBDA1, [*launch.pserver_cli(), *args], launch.launcher())
+def start(args: list[str], n: int = LAMBDA1) -> subprocess.Popen:
+    cmd = launch.mpi_command(n, [*launch.pserver_cli(), *args], launch.launcher())
     return subprocess.Popen(
         cmd, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"), text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
@@ -90,26 +90,32 @@ def train_rows(dump: Path) -> int:
         return 0
 
 
+def stop_with_sigterm(out: Path, args: list[str], n: int = LAMBDA1) -> tuple[str, float]:
+    """Start a job, SIGTERM its mpiexec once the dump shows 20 minibatches, and wait for it
+    (killed past TIMEOUT); its output and the seconds from the signal to its end."""
+    proc = start([str(QUICKSTART), f"run.out_dir={out}", *QUIET, *args], n)
+    killer = threading.Timer(TIMEOUT, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    killer.daemon = True
+    killer.start()
+    try:
+        while train_rows(out / "stats.h5") < 20 and proc.poll() is None and killer.is_alive():
+            time.sleep(0.05)  # polls an observable condition: the published dump
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)  # mpiexec forwards it to every rank
+        text, _ = proc.communicate()
+        took = time.monotonic() - sent
+    finally:
+        killer.cancel()
+    assert proc.returncode == 75, f"exit {proc.returncode} after SIGTERM:\n{text}"
+    return text, took
+
+
 def test_sigterm_checkpoints_every_rank_and_the_resumed_run_is_bit_identical(tmp_path):
     """SIGTERM to mpiexec once the dump shows 20 minibatches: every rank writes its state,
     the job exits 75 (resume me), and ``--resume`` ends with the uninterrupted run's weights."""
     a, b = tmp_path / "a", tmp_path / "b"
     slow = ["run.epochs=6", "inject.compute_time=0.02", "stats.flush_interval=0.1"]
-    proc = start([str(QUICKSTART), f"run.out_dir={a}", *QUIET, *slow])
-    killer = threading.Timer(TIMEOUT, lambda: os.killpg(proc.pid, signal.SIGKILL))
-    killer.daemon = True
-    killer.start()
-    out = ""
-    try:
-        while train_rows(a / "stats.h5") < 20 and proc.poll() is None and killer.is_alive():
-            time.sleep(0.05)  # polls an observable condition: the published dump
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGTERM)  # mpiexec forwards it to every rank
-        out, _ = proc.communicate()
-        took = time.monotonic() - sent
-    finally:
-        killer.cancel()
-    assert proc.returncode == 75, f"exit {proc.returncode} after SIGTERM:\n{out}"
+    out, took = stop_with_sigterm(a, slow)
     manifest = latest(a / "checkpoint")
     assert manifest is not None and manifest.extra["stopped"] is True, out
     files = sorted(p.name for p in (a / "checkpoint" / f"g{manifest.generation:06d}").iterdir())
@@ -128,6 +134,20 @@ def test_sigterm_checkpoints_every_rank_and_the_resumed_run_is_bit_identical(tmp
         steps = f["train/step"][()]
         assert list(steps) == list(range(len(steps)))  # one row per minibatch, in order
         assert f.attrs["restarts"] == 1
+
+
+def test_sigterm_with_four_hardsync_learners_and_two_shards_resumes_to_the_end(tmp_path):
+    """λ = 4: the learners see the signal at different steps; before Rounds.retire the ones
+    that finished one more step waited forever for the round of the one that stopped."""
+    a = tmp_path / "a"
+    args = ["run.epochs=4", "inject.compute_time=0.02", "stats.flush_interval=0.1",
+            "cluster.servers=2", "blocks.count=2"]
+    stop_with_sigterm(a, args, n=8)
+    res = run_job(8, [str(QUICKSTART), "--resume", str(a), *QUIET, *args], TIMEOUT)
+    assert res.returncode == 0, res.output
+    with h5py.File(a / "stats.h5", "r") as f:
+        assert list(f["test/epoch"][()]) == [1, 2, 3, 4]
+        assert f["test/error"][-1] < 0.2  # it learned (chance: 0.9)
 
 
 def test_resume_refusals_exit_2_with_one_line(tmp_path):
