@@ -41,7 +41,9 @@ def steps(b: ShardBlock, n: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     for _ in range(n):
         g = rng.normal(size=10).astype(np.float32)
-        b.accept([(0, b.ts, None)], b.inbox() * 0 + g, 0.0)
+        buf = b.inbox()  # uninitialized: it may hold NaNs until written
+        buf[:] = g
+        b.accept([(0, b.ts, None)], buf, 0.0)
         assert b.ready(0.0)
         b.apply(b.commit())
         b.epoch_ends()
