@@ -430,6 +430,24 @@ class BatchSampler:
         """Samples handed out so far divided by ``n``."""
         return self._served / self.n
 
+    def state(self) -> tuple[dict[str, Any], np.ndarray]:
+        """Everything :meth:`restore` needs to continue the stream exactly: JSON-able
+        attributes and the current permutation."""
+        attrs = {"rng": self._rng.bit_generator.state, "pos": self._pos, "served": self._served,
+                 "n": self.n, "batch_size": self.batch_size}
+        return attrs, self._perm.copy()
+
+    def restore(self, attrs: dict[str, Any], perm: np.ndarray) -> None:
+        """Continue from a :meth:`state` of a sampler over the same ``n`` and batch size."""
+        if (attrs["n"], attrs["batch_size"]) != (self.n, self.batch_size):
+            raise ValueError(
+                f"sampler state of n={attrs['n']}, batch={attrs['batch_size']} does not fit "
+                f"n={self.n}, batch={self.batch_size}"
+            )
+        self._rng.bit_generator.state = attrs["rng"]
+        self._perm = np.asarray(perm, dtype=np.int64).copy()
+        self._pos, self._served = int(attrs["pos"]), int(attrs["served"])
+
 
 def write_hdf5_dataset(path: str | Path, X: Any, y: Any) -> None:
     """Write ``X`` and ``y`` as datasets ``"X"`` and ``"y"`` of a new HDF5 file at ``path``."""

@@ -10,6 +10,7 @@ any rank aborts the whole job with a message naming the rank and host: never a h
 from __future__ import annotations
 
 import argparse
+import json
 import socket
 import sys
 import time
@@ -57,8 +58,17 @@ def parse_args(argv: list[str] | None, rank: int = 0) -> argparse.Namespace:
         metavar="section.key=value",
         help="override a config value; values are TOML (numbers, true, [1, 2], ...)",
     )
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the run whose dump and checkpoint/ are in RUN_DIR (docs/checkpoints.md)",
+    )
     p.add_argument("--version", action="version", version=f"pserver {__version__}")
-    return p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # CONFIG --resume DIR key=value: any order
+    if args.resume is not None:  # the dump continues in place, next to the checkpoint
+        args.overrides = [*args.overrides, f"run.out_dir={json.dumps(args.resume)}",
+                          "run.overwrite=true"]
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         ctx = prepare(cfg, size, rank, log, local, nodes, peers, rid=rid)
         ctx.learner_comm = learners
         ctx.hosts = [p.host for p in roster.procs]
+        if args.resume is not None:
+            from pserver.resume import check_state, open_resume
+
+            ctx.resume = open_resume(args.resume, cfg, size, rank, ctx.role.value)
+            check_state(ctx)
     except BaseException as e:  # every failure must reach the agreement, or the others hang
         error = e
     waiter = Waiter(log, peers, comm.poll_min, comm.poll_max, comm.stall_timeout)
@@ -107,14 +122,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"pserver-run: error: {message}{suffix}", file=sys.stderr, flush=True)
         return code
     assert ctx is not None
+    from pserver.resume import unsupported
+    from pserver.signals import STOP
+
+    if unsupported(ctx.cfg) is None:  # else SIGTERM keeps its default action: the rank ends
+        STOP.install()
     try:
-        run(ctx, world)
+        code = run(ctx, world)
     except BaseException as e:
         die(abort_message(e, ctx), world)
         return 1  # not reached: Abort ends every rank
     if ctx.learner_comm is not None:  # every learner gets here once its run has ended
         ctx.learner_comm.Free()
-    return 0
+    return code
 
 
 def abort_message(error: BaseException, ctx) -> str:  # noqa: ANN001 - Context
@@ -141,10 +161,12 @@ def die(message: str, world) -> None:  # noqa: ANN001 - MPI.Comm
     world.Abort(1)
 
 
-def run(ctx, world) -> None:  # noqa: ANN001 - Context and MPI.Comm, imported lazily
-    """Build the role's driver and run it to the end of training."""
+def run(ctx, world) -> int:  # noqa: ANN001 - Context and MPI.Comm, imported lazily
+    """Build the role's driver, run it to the end of training, checkpoint; the exit status
+    (``pserver.roles.ckpt_end``: 0 done, 75 stopped by a signal, 74 checkpoint not written)."""
     from pserver.blas import limit_blas_threads
     from pserver.comm.channels import Channels
+    from pserver.roles.ckpt_end import end_checkpoint
 
     ctx.log = setup_logging(ctx.rank, ctx.layout.describe(ctx.rank), ctx.cfg.run.log_level)
     if ctx.rank == 0:
@@ -167,11 +189,15 @@ def run(ctx, world) -> None:  # noqa: ANN001 - Context and MPI.Comm, imported la
             world, ctx.layout, ctx.blocks, weights.dtype, ctx.nodes, ctx.cfg.comm.versions
         )
     world.Barrier()
-    ctx.t0 = time.time()
-    DRIVERS[ctx.role](ctx, weights).run()
+    # a resumed run's clock goes on from the checkpointed run's (the dump's times continue)
+    ctx.t0 = time.time() - (ctx.resume.elapsed if ctx.resume is not None else 0.0)
+    driver = DRIVERS[ctx.role](ctx, weights)
+    driver.run()
+    code = end_checkpoint(ctx, world, driver)
     if ctx.shm is not None:
         ctx.shm.free()
     ctx.channels.free()
+    return code
 
 
 def log_provenance(ctx) -> None:  # noqa: ANN001 - Context

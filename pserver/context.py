@@ -47,6 +47,7 @@ class Context:
     t0: float = field(default_factory=time.time)
     latest: Path | None = None  # the run directory's ``latest`` link (pserver.rundir), if any
     hosts: list[str] = field(default_factory=list)  # the host of every rank (provenance)
+    resume: Any = None  # pserver.resume.Resume: the checkpoint this rank continues from
 
     @property
     def role(self) -> Role:

@@ -113,6 +113,17 @@ def model_epoch(aux: int) -> int:
     return aux
 
 
+def bye_aux(consumed: int) -> int:
+    """The aux word of a learner's BYE to the data server: the minibatches it computed on
+    (the checkpoint's cut: those served after them are replayed on resume)."""
+    return int(consumed)
+
+
+def bye_consumed(aux: int) -> int:
+    """The minibatches a learner computed on; see bye_aux."""
+    return aux
+
+
 class WireError(PserverError):
     """A message that breaks the contract (unknown kind, wrong size)."""
 

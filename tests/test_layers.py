@@ -37,6 +37,7 @@ PACKAGES = ("pserver", "learners")
 # is transport by definition).
 PURE = (
     "pserver.config",
+    "pserver.checkpoint",
     "pserver.topology",
     "pserver.clocks",
     "pserver.protocols/",
@@ -54,6 +55,9 @@ PURE = (
     "pserver.shard_block",
     "pserver.epochs",
     "pserver.versions",
+    "pserver.shard_ckpt",
+    "pserver.signals",
+    "pserver.resume",
     "learners/",
     "pserver.prediction",
     "pserver.lockstep",  # issue 12: learners-only runs' steps, epochs and data quota

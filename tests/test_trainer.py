@@ -81,7 +81,7 @@ class FakePrefetch:
     def close(self) -> None:
         self.log.append("prefetch.close")
 
-    def bye(self) -> None:
+    def bye(self, consumed: int = -1) -> None:
         self.log.append("prefetch.bye")
 
 

@@ -23,6 +23,8 @@ from pserver.wire import (
     Header,
     Reply,
     Tag,
+    bye_aux,
+    bye_consumed,
     header_buffer,
     model_aux,
     model_epoch,
@@ -40,9 +42,9 @@ from pserver.wire import (
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("pserver", "learners", "scripts")
 WIRE = ROOT / "pserver" / "wire.py"
-ENCODERS = {"pull_aux", "push_aux", "sum_aux", "reply_aux", "model_aux"}
+ENCODERS = {"pull_aux", "push_aux", "sum_aux", "reply_aux", "model_aux", "bye_aux"}
 DECODERS = {"pull_oldest", "push_iteration", "push_summed", "split_reply", "reply_kind",
-            "model_epoch"}  # fmt: skip
+            "model_epoch", "bye_consumed"}  # fmt: skip
 
 
 def through_header(kind: Tag, aux: int) -> int:
@@ -99,6 +101,11 @@ def test_a_reply_with_a_version_is_not_its_kind_raw():
 @pytest.mark.parametrize("epoch", [0, 1, 250])
 def test_model_round_trip(epoch):
     assert model_epoch(through_header(Tag.MODEL, model_aux(epoch))) == epoch
+
+
+@pytest.mark.parametrize("consumed", [0, 1, 4097])
+def test_bye_round_trip(consumed):
+    assert bye_consumed(through_header(Tag.BYE, bye_aux(consumed))) == consumed
 
 
 def test_the_helpers_named_here_are_wire_functions():

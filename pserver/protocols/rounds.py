@@ -92,6 +92,7 @@ class Rounds:
         self.stale_reason = stale_reason
         self.round = 0  # the block's timestamp, as the last arrival or commit told us
         self.latest: dict[int, int] = {}  # learner -> largest tag seen from it
+        self.retired: set[int] = set()  # learners that said goodbye (stopped early: a signal)
 
     def judge(self, arrival: Arrival, server_ts: int) -> GradientDecision:
         """Accept the push into round ``server_ts`` or drop it, and note the response.
@@ -115,9 +116,16 @@ class Rounds:
         """Every learner has answered this round (and at least one gradient is in it)."""
         if len(self.pending) >= self.n_learners:
             return True
+        if self.retired and len(self.pending) >= self.n_learners - len(self.retired):
+            return len(self.pending) > 0  # the learners still running have all answered
         if not len(self.pending) or len(self.latest) < self.n_learners:
             return False
         return all(t >= self.round for t in self.latest.values())
+
+    def retire(self, learner: int) -> None:
+        """``learner`` computes no more: a round no longer waits for its gradient (a learner
+        stopped by a signal while the others finish their step, ``pserver.signals``)."""
+        self.retired.add(learner)
 
     def closed(self, server_ts: int) -> None:
         self.round = server_ts + 1

@@ -40,6 +40,9 @@ class Hardsync(Protocol):
     def ready(self, now: float | None = None) -> bool:
         return self.rounds.all_responded()
 
+    def retire(self, learner: int) -> None:
+        self.rounds.retire(learner)
+
     def commit(self, server_ts: int) -> UpdateDecision:
         d = len(self.pending)  # λ, except with partial pulling (see the class docstring)
         self.rounds.closed(server_ts)

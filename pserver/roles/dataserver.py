@@ -16,14 +16,17 @@ share ``M`` in request order.
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
+from pserver.checkpoint import State
 from pserver.comm.inbox import Inbox
 from pserver.context import Context
 from pserver.epochs import EpochCounter
 from pserver.lockstep import FREE, LOCKSTEP, DataQuota, LockstepDraws, total_minibatches
 from pserver.strategies import lookup
-from pserver.wire import Tag, WireError
+from pserver.wire import Tag, WireError, bye_consumed
 
 NO_X = np.empty((0, 0), dtype=np.float32)  # the stop: an empty minibatch
 NO_Y = np.empty(0, dtype=np.int64)
@@ -58,6 +61,17 @@ class DataServer:
         n = len(ctx.layout.learners)
         self.draws = LockstepDraws(n, self.sampler.next) if lockstep else None
         self.stopped = 0  # requests answered with a stop
+        # the checkpoint's cut (pserver.roles.ckpt_end): per learner, the minibatches served
+        # (serial number, indices) that it may not have computed on yet (its prefetch), and
+        # those it reported computed on when it said goodbye
+        self.recent: dict[int, deque[tuple[int, np.ndarray]]] = {
+            r: deque(maxlen=ctx.cfg.data.prefetch + 2) for r in self.live
+        }
+        self.count = dict.fromkeys(self.live, 0)
+        self.consumed: dict[int, int] = {}
+        self.replay: deque[np.ndarray] = deque()  # resumed: served again first, in order
+        if ctx.resume is not None:
+            self.restore(ctx.resume.state)
 
     def run(self) -> None:
         inbox = Inbox(self.comm, self.waiter, self.ctx.peers)
@@ -68,6 +82,7 @@ class DataServer:
                 self.serve(h.sender)
             elif h.kind is Tag.BYE:
                 self.live.discard(h.sender)
+                self.consumed[h.sender] = bye_consumed(h.aux)
             else:
                 raise WireError(f"data server got unexpected {h} from rank {h.sender}")
         self.ctx.log.debug("served %d minibatches, %d stops", self.served, self.stopped)
@@ -81,7 +96,8 @@ class DataServer:
         if self.draws is not None:  # learner i's k-th minibatch: draw kλ + i
             idx = self.draws.take(learner, self.quota.served[learner] - 1)
         else:
-            idx = self.sampler.next()
+            idx = self.replay.popleft() if self.replay else self.sampler.next()
+        self.served_to(dest, idx)
         np.take(self.X, idx, axis=0, out=self.xbuf)
         np.take(self.y, idx, out=self.ybuf)
         self.send(self.xbuf, self.ybuf, dest)
@@ -90,6 +106,38 @@ class DataServer:
     def send(self, X: np.ndarray, y: np.ndarray, dest: int) -> None:
         reqs = [self.comm.Isend(X, dest, Tag.DATA_X), self.comm.Isend(y, dest, Tag.DATA_Y)]
         self.waiter.waitall(reqs, f"minibatch delivery to rank {dest}")
+
+    def served_to(self, dest: int, idx: np.ndarray) -> None:
+        if dest in self.count:
+            self.recent[dest].append((self.served, idx))
+            self.count[dest] += 1
+
+    # -- checkpoints (pserver.roles.ckpt_end) ----------------------------------------------------
+
+    def unconsumed(self) -> list[np.ndarray]:
+        """The minibatches served that no learner computed on (prefetched when it stopped),
+        in the order they were served, then those still waiting to be replayed: with λ = 1
+        the resumed stream is exactly the uninterrupted one."""
+        left: list[tuple[int, np.ndarray]] = []
+        for r, recent in self.recent.items():
+            consumed = self.consumed.get(r, -1)
+            n = self.count[r] - consumed if consumed >= 0 else 0
+            left.extend(list(recent)[len(recent) - n :] if n > 0 else [])
+        return [idx for _, idx in sorted(left, key=lambda e: e[0])] + list(self.replay)
+
+    def state(self) -> State:
+        attrs, perm = self.sampler.state()
+        replay = self.unconsumed()
+        batch = self.ctx.cfg.data.batch_size
+        arrays = {
+            "perm": perm,
+            "replay": np.array(replay, np.int64).reshape(len(replay), batch),
+        }
+        return State(arrays, {"role": "data", "sampler": attrs})
+
+    def restore(self, state: State) -> None:
+        self.sampler.restore(state.attrs["sampler"], state.arrays["perm"])
+        self.replay.extend(np.array(row) for row in state.arrays["replay"])
 
     def run_over(self) -> bool:
         """Whether the minibatches served so far complete ``run.epochs`` (learners-only runs)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pserver.checkpoint import State
 from pserver.config import pull_timestamp
 from pserver.context import Context
 from pserver.partial_pull import PartialPull, PullRule
@@ -94,6 +95,16 @@ class PSExchange:
 
     def close(self) -> None:
         pass
+
+    def state(self) -> State:
+        """Nothing the shards do not hold: the model is pulled again on resume."""
+        return State({}, {"steps": self.steps})
+
+    def restore(self, state: State) -> None:
+        """Resume: the first minibatch waits for the shards' checkpointed model."""
+        self.steps = max(1, int(state.attrs.get("steps", 0)))  # > 0: weights() pulls first
+        for index in self.have:
+            self.have[index] = -1  # older than any model: every block answers with weights
 
     # -- pull ----------------------------------------------------------------------------------
 

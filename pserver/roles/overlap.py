@@ -29,6 +29,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from pserver.checkpoint import State
 from pserver.comm.engine import CommEngine
 from pserver.context import Context
 from pserver.inflight import InflightWindow, inflight_limit
@@ -67,6 +68,7 @@ class OverlapExchange:
         self.lock = self.engine.lock
         self.steps = 0
         self.started = False
+        self.must_pull = False  # resumed: the first minibatch waits for the shards' model
 
     @property
     def relayed_bytes(self) -> int:
@@ -181,14 +183,15 @@ class OverlapExchange:
         their first push, the others post their long polls now."""
         self.started = True
         self.engine.start()
-        if self.window is None:
+        if self.window is None or self.must_pull:
             with self.lock:
                 self.ask_all()
 
     def weights(self) -> Any | None:
         if not self.started:
             self.begin()
-        need_new = self.waits_for_update and self.steps > 0  # the first minibatch runs on w0
+        # the first minibatch runs on w0, unless resumed from a checkpoint
+        need_new = (self.waits_for_update and self.steps > 0) or self.must_pull
         while True:  # twice at most when bounded (pserver.inflight: liveness, point 4)
             self.wait(
                 lambda n=need_new: (
@@ -201,7 +204,7 @@ class OverlapExchange:
                     return None
                 if self.model_ready():
                     self.install_arrived()
-                    need_new = False
+                    need_new = self.must_pull = False
                 if self.may_go(need_new):
                     return self.link.w
 
@@ -220,8 +223,22 @@ class OverlapExchange:
     def done(self) -> float:
         """Deliver the last push, then serve the children until they said goodbye."""
         blocked = self.wait(lambda: not self.link.pushing, "the last push")
+        # stopped by a signal (pserver.signals) before the shards stopped: our last pull
+        # requests are answered once the rounds our pushes complete are applied
+        self.wait(lambda: not self.link.asked, "the answers to our last pull requests")
         self.wait(self.kids.drained, self.kids.pending())
         return blocked
+
+    def state(self) -> State:
+        """Nothing the shards do not hold: the model is pulled again on resume."""
+        return State({}, {"steps": self.steps})
+
+    def restore(self, state: State) -> None:
+        """Resume: compute nothing before the shards' checkpointed model has arrived."""
+        self.steps = int(state.attrs.get("steps", 0))
+        self.must_pull = True
+        for index in self.have:
+            self.have[index] = -1  # older than any model: every block answers with weights
 
     def close(self) -> None:
         self.engine.close()

@@ -20,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from pserver.context import Context
-from pserver.wire import Header, Tag, header_buffer
+from pserver.wire import Header, Tag, bye_aux, header_buffer
 
 
 class Slot:
@@ -127,7 +127,9 @@ class Prefetcher:
         if self.threaded:
             self.thread.join()
 
-    def bye(self) -> None:
-        """Tell the data server this learner takes no more minibatches (after :meth:`close`)."""
-        bye = Header(Tag.BYE, -1, -1, self.ctx.rank).pack(self.out[0])
+    def bye(self, consumed: int = -1) -> None:
+        """Tell the data server this learner takes no more minibatches (after :meth:`close`),
+        and how many of those it was served it computed on (the others go back to the stream
+        at a checkpoint, ``pserver.roles.dataserver``); -1: unknown."""
+        bye = Header(Tag.BYE, -1, -1, self.ctx.rank, bye_aux(consumed)).pack(self.out[0])
         self.comm.Send(bye, self.data_rank, Tag.BYE)

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from pserver.checkpoint import State
 from pserver.comm.inbox import Inbox
 from pserver.comm.payload import Payloads
 from pserver.comm.waiting import Waiter
@@ -25,6 +26,7 @@ from pserver.roles.shard_rows import ShardRows, prediction_summary
 from pserver.roles.shard_state import BlockBuilder, BlockState
 from pserver.roles.shard_versions import summary
 from pserver.roles.snapshots import SNAPSHOT_QUEUE_MAX, snapshot_queue
+from pserver.shard_ckpt import block_state, restore_block
 from pserver.wire import (
     Header,
     Reply,
@@ -69,6 +71,8 @@ class ServerShard:
         self.dropped_after_stop = 0
         self.bytes_in = self.bytes_out = 0
         self.inject = ShardInjection(inject_plan(self.cfg), self.shard, self.live)
+        if ctx.resume is not None:
+            self.restore(ctx.resume.state)
 
     def run(self) -> None:
         self.ctx.log.info(
@@ -291,7 +295,28 @@ class ServerShard:
         self.live.discard(h.sender)
         for st in self.blocks.values():
             st.arith.protocol.retire(self.ctx.layout.index(h.sender))
+            # a learner stopped by a signal (pserver.signals) while the others finish their
+            # step: the round they complete no longer waits for it (hardsync's lockstep)
+            if not st.arith.done and st.arith.in_round and st.arith.ready(self.ctx.now()):
+                self.update(st)
             self.answer_waiting(st)
+
+    # -- checkpoints (pserver.roles.ckpt_end, pserver.shard_ckpt) -----------------------------
+
+    def state(self) -> State:
+        """Every block's state, taken after the loop: every learner has said goodbye."""
+        arrays: dict[str, Any] = {}
+        blocks: dict[str, Any] = {}
+        for index, st in self.blocks.items():
+            a, attrs = block_state(st.arith, index, self.ctx.backend.to_host)
+            arrays.update(a)
+            blocks[str(index)] = attrs
+        return State(arrays, {"role": "server", "shard": self.shard, "blocks": blocks})
+
+    def restore(self, state: State) -> None:
+        copy_in = self.ctx.backend.copy_from_host
+        for index, st in self.blocks.items():
+            restore_block(st.arith, index, state.arrays, state.attrs["blocks"][str(index)], copy_in)
 
     # -- end -----------------------------------------------------------------------------------
 

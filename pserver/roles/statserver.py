@@ -25,10 +25,12 @@ import numpy as np
 from mpi4py import MPI
 
 from pserver import __version__
+from pserver.checkpoint import State
 from pserver.comm.records import decode
 from pserver.context import Context
 from pserver.provenance import dump_attrs
 from pserver.rundir import point_latest
+from pserver.signals import STOP
 from pserver.stats.schema import DATA_SCALING
 from pserver.stats.writer import DumpWriteError, StatsWriter
 from pserver.wire import Header, Tag, WireError, header_buffer, model_epoch
@@ -47,7 +49,13 @@ class StatsServer:
         self.dropped: dict[int, dict[str, int]] = {}  # rank -> group -> rows it dropped
         self.tested: set[int] = set()
         self.skipped: set[int] = set()
-        self.writer = StatsWriter(ctx.dump_path, self.attrs(), self.cfg.stats.flush_interval)
+        resume = ctx.resume
+        self.writer = StatsWriter(
+            ctx.dump_path, self.attrs(), self.cfg.stats.flush_interval, resume is not None
+        )
+        self.rows: dict[str, int] = {}
+        if resume is not None:
+            self.restore(resume.state)
         self.handlers = {
             Tag.RECORDS: self.on_records,
             Tag.MODEL: self.on_model,
@@ -129,6 +137,32 @@ class StatsServer:
             "/",
             finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             wall_time=self.ctx.now(),
+        )
+        self.rows = self.writer.rows()
+
+    # -- checkpoints (pserver.roles.ckpt_end) ---------------------------------------------------
+
+    def state(self) -> State:
+        """What the progress lines and the skipped-test rows need; the dump is on disk."""
+        attrs = {
+            "role": "stats",
+            "tested": sorted(self.tested),
+            "skipped": sorted(self.skipped),
+            "sigma": [self.sigma_sum, self.sigma_n, self.sigma_max],
+            "dump_rows": self.rows,
+            "elapsed": self.ctx.now(),
+        }
+        return State({}, attrs)
+
+    def restore(self, state: State) -> None:
+        """Continue the dump: its rows stay, a ``restarts`` attribute counts the resumptions."""
+        a = state.attrs
+        self.tested, self.skipped = set(a["tested"]), set(a["skipped"])
+        self.sigma_sum, self.sigma_n, self.sigma_max = a["sigma"]
+        self.writer.truncate(a["dump_rows"])  # rows after the checkpoint come again
+        resume = self.ctx.resume
+        self.writer.set_attrs(
+            "/", restarts=resume.restarts, resumed_generation=resume.manifest.generation
         )
 
     def fail(self, exc: DumpWriteError) -> None:
@@ -239,7 +273,10 @@ class StatsServer:
     def skip_untested(self) -> None:
         """At the end: every epoch due a test that got none is a ``skipped_tests`` row."""
         epochs, every = self.cfg.run.epochs, self.cfg.stats.test_every
-        due = [e for e in range(1, epochs + 1) if e % every == 0 or e == epochs]
+        if STOP.requested:  # stopped by a signal: the epochs not reached are not due yet
+            epochs = max(self.tested | self.skipped | set(self.models), default=0)
+        due = [e for e in range(1, epochs + 1) if e % every == 0 or e == self.cfg.run.epochs]
+        due = [e for e in due if e not in self.tested]
         for epoch in due:
             got = self.models.pop(epoch, (None, set(), 0))[1]
             self.skip(epoch, len(got))

@@ -54,18 +54,54 @@ class Trainer:
         self.slow = self.index == self.cfg.inject.slow_learner
         self.steps = 0
         self.compute_time = self.pull_time = self.push_time = 0.0
+        self.consumed = 0  # minibatches of this run's stream computed on (the data server's cut)
+        self.stopped_early = False  # a signal ended the run before the shards did
+        if getattr(ctx, "resume", None) is not None:
+            self.restore(ctx.resume.state)
 
     def run(self) -> None:
         try:
-            while self.step():
+            while not self.stop_requested() and self.step():
                 self.records.maybe_send()
             self.push_time += self.ex.done()
         finally:
             self.ex.close()
             self.prefetch.close()
         self.ex.finish()
-        self.prefetch.bye()
+        self.prefetch.bye(self.consumed)
         self.report()
+
+    def stop_requested(self) -> bool:
+        """SIGTERM/SIGINT seen (``pserver.signals``): stop at this step boundary, where every
+        push of the last step is sent and no minibatch is half computed: the consistent cut."""
+        from pserver.signals import STOP
+
+        if STOP.requested:
+            self.stopped_early = True
+        return self.stopped_early
+
+    # -- checkpoints (pserver.roles.ckpt_end) ---------------------------------------------------
+
+    def state(self) -> Any:
+        """The step count and the exchange's own state (``state()``: a strategy's local
+        optimizer, its model; the PS exchanges keep nothing that the shards do not hold)."""
+        from pserver.checkpoint import State
+
+        own = getattr(self.ex, "state", None)
+        ex = own() if callable(own) else State({}, {})
+        attrs = {"role": "learner", "steps": self.steps, "exchange": ex.attrs}
+        return State({f"exchange.{k}": v for k, v in ex.arrays.items()}, attrs)
+
+    def restore(self, state: Any) -> None:
+        from pserver.checkpoint import CheckpointError, State
+
+        self.steps = int(state.attrs["steps"])
+        load = getattr(self.ex, "restore", None)
+        if not callable(load):
+            raise CheckpointError(f"the learner exchange {type(self.ex).__name__} cannot resume")
+        n = len("exchange.")
+        arrays = {k[n:]: v for k, v in state.arrays.items() if k.startswith("exchange.")}
+        load(State(arrays, state.attrs.get("exchange", {})))
 
     def step(self) -> bool:
         t0 = time.perf_counter()
@@ -80,6 +116,7 @@ class Trainer:
         if batch is None:  # learners-only: the data server served the run's last minibatch
             return False
         X, y = batch
+        self.consumed += 1
         t2 = time.perf_counter()
         grad = self.ex.gradient_buffer()
         self.compute(w, X, y, grad)

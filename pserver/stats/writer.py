@@ -86,8 +86,14 @@ class StatsWriter:
     """
 
     def __init__(
-        self, path: str | Path, attrs: dict[str, Any], flush_interval: float = 2.0
+        self,
+        path: str | Path,
+        attrs: dict[str, Any],
+        flush_interval: float = 2.0,
+        resume: bool = False,
     ) -> None:
+        """``resume``: continue the existing dump at ``path`` (``pserver-run --resume``): its
+        rows are loaded and new rows are appended to its groups."""
         self.path = Path(path)
         self.new = self.path.with_name(self.path.name + NEW_SUFFIX)
         self.flush_interval = flush_interval
@@ -99,10 +105,16 @@ class StatsWriter:
         with self._guard("create"):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = h5py.File(
-                self.path, "w", driver="core", backing_store=False, block_size=CORE_BLOCK
+                self.path,
+                "r+" if resume else "w",
+                driver="core",
+                backing_store=False,
+                block_size=CORE_BLOCK,
             )
         self._columns: dict[str, dict[str, h5py.Dataset]] = {}
         self._clocks: dict[str, h5py.Dataset] = {}
+        if resume:
+            self._adopt()
         self._last_flush = time.monotonic()
         self.set_attrs("/", **attrs)
         # no flush here: an existing dump (run.overwrite) stays until the first flush
@@ -257,6 +269,36 @@ class StatsWriter:
             self.new.unlink()
         except OSError:
             pass
+
+    def _adopt(self) -> None:
+        """Take the growable datasets of a continued dump as this writer's own."""
+        for group, grp in self.file.items():
+            if not isinstance(grp, h5py.Group):
+                continue
+            for name, ds in grp.items():
+                if not isinstance(ds, h5py.Dataset) or ds.maxshape[0] is not None:
+                    continue  # a fixed dataset (the kept model): replaced, never appended to
+                if ds.ndim == 1:
+                    self._columns.setdefault(group, {})[name] = ds
+                elif ds.ndim == 2:
+                    self._clocks[f"{group}/{name}"] = ds
+
+    def rows(self) -> dict[str, int]:
+        """Rows written so far in each group and ragged clock dataset (for a checkpoint)."""
+        out = {g: next(iter(c.values())).shape[0] for g, c in self._columns.items() if c}
+        out.update({key: ds.shape[0] for key, ds in self._clocks.items()})
+        return out
+
+    def truncate(self, rows: dict[str, int]) -> None:
+        """Cut every group back to ``rows`` (a checkpoint's :meth:`rows`): rows written after
+        that checkpoint (by a run killed later, or one whose next checkpoint failed) would be
+        written again by the resumed run."""
+        with self._guard("truncate"):
+            for group, columns in self._columns.items():
+                for ds in columns.values():
+                    ds.resize((min(ds.shape[0], rows.get(group, 0)),))
+            for key, ds in self._clocks.items():
+                ds.resize((min(ds.shape[0], rows.get(key, 0)), ds.shape[1]))
 
     def _check_rows(self, group: str, arrays: dict[str, np.ndarray]) -> int:
         if not arrays:

@@ -1,0 +1,160 @@
+"""What a checkpoint supports, and ``--resume RUN_DIR``: read and check it before training.
+
+Checkpoints cover the flat parameter-server family (hardsync, n-softsync, async, SSP, PSP; one
+or more shards, ``comm.mode`` blocking, thread or nonblocking, messages transport). Every other
+combination is refused by :func:`unsupported`'s one line when a checkpoint is asked for
+(``--resume``), and such a run ends a SIGTERM at once, without a checkpoint (the signal's
+default action). A strategy of another family supports checkpoints once its roles have
+``state()`` / ``restore()`` (see ``pserver.roles.ckpt_end``) and it is listed in ``FAMILIES``.
+
+:func:`open_resume` runs inside ``prepare`` on every rank, so any problem (no checkpoint, a
+corrupt or truncated file, another rank count, a config that changed a key outside
+``checkpoint.MAY_CHANGE``, arrays of other shapes or dtypes) is one ``pserver-run: error:``
+line and exit status 2 through the start-up agreement (``pserver.startup``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pserver.checkpoint import (
+    CheckpointError,
+    Manifest,
+    State,
+    check_compatible,
+    latest,
+    rank_file,
+)
+from pserver.config import Config, pull_timestamp
+from pserver.strategies import lookup
+from pserver.strategies.base import PARAMETER_SERVER
+
+CKPT_DIR = "checkpoint"
+FAMILIES = frozenset({PARAMETER_SERVER})  # families whose every role has state()/restore()
+
+
+def checkpoint_dir(out_dir: str | Path) -> Path:
+    return Path(out_dir) / CKPT_DIR
+
+
+def unsupported(cfg: Config) -> str | None:
+    """Why this config cannot be checkpointed (None when it can)."""
+    strategy = lookup(cfg.protocol.name)
+    if strategy.family not in FAMILIES:
+        return f"protocol.name = {cfg.protocol.name!r} ({strategy.family} family)"
+    if cfg.cluster.tree_fanout > 0:
+        return f"cluster.tree_fanout = {cfg.cluster.tree_fanout} (aggregator tree)"
+    if cfg.cluster.bcast_fanout > 0:
+        return f"cluster.bcast_fanout = {cfg.cluster.bcast_fanout} (broadcast tree)"
+    if cfg.comm.transport != "messages":
+        return f'comm.transport = "{cfg.comm.transport}"'
+    if cfg.protocol.pull_fraction < 1.0:
+        return f"protocol.pull_fraction = {cfg.protocol.pull_fraction} (partial pulling)"
+    if pull_timestamp(cfg) == "iteration":  # the learners' iteration tags are not saved
+        return 'protocol.pull_timestamp = "iteration"'
+    return None
+
+
+def refuse_unsupported(cfg: Config, what: str) -> None:
+    why = unsupported(cfg)
+    if why is not None:
+        raise CheckpointError(
+            f"{what}: checkpoints are not supported with {why}; they cover the flat "
+            "parameter-server strategies (hardsync, softsync, async, ssp, psp) over "
+            'comm.transport = "messages" without trees or partial pulling (docs/checkpoints.md)'
+        )
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The checkpoint a rank resumes from: the manifest and its own state."""
+
+    run_dir: Path
+    manifest: Manifest
+    state: State
+
+    @property
+    def restarts(self) -> int:
+        return int(self.manifest.extra.get("restarts", 0)) + 1
+
+    @property
+    def elapsed(self) -> float:
+        return float(self.manifest.extra.get("elapsed", 0.0))
+
+
+def open_resume(run_dir: str, cfg: Config, world_size: int, rank: int, role: str) -> Resume:
+    """Read and check this rank's part of the checkpoint in ``run_dir`` (every rank)."""
+    refuse_unsupported(cfg, f"--resume {run_dir}")
+    ckpt = checkpoint_dir(run_dir)
+    manifest = latest(ckpt)
+    if manifest is None:
+        raise CheckpointError(
+            f"--resume {run_dir}: no checkpoint there ({ckpt / 'LATEST'} does not exist)"
+        )
+    if manifest.world_size != world_size:
+        raise CheckpointError(
+            f"--resume {run_dir}: the checkpoint was written by {manifest.world_size} ranks, "
+            f"this job has {world_size}: launch it with mpiexec -n {manifest.world_size}"
+        )
+    check_compatible(manifest.config, cfg.to_dict())
+    path = rank_file(ckpt, manifest.generation, rank)
+    if not path.is_file():
+        raise CheckpointError(f"--resume {run_dir}: {path} is missing")
+    from pserver.checkpoint import read_state
+
+    state = read_state(path)
+    saved_role = state.attrs.get("role")
+    if saved_role != role:
+        raise CheckpointError(
+            f"--resume {run_dir}: rank {rank} was a {saved_role} in the checkpointed run, "
+            f"it is a {role} now: the rank layout changed"
+        )
+    return Resume(Path(run_dir), manifest, state)
+
+
+def expect(state: State, name: str, shape: tuple[int, ...], dtype: Any, where: str) -> Any:
+    """The array ``name`` of ``state``, refused unless it has ``shape`` and ``dtype``."""
+    a = state.arrays.get(name)
+    if a is None:
+        raise CheckpointError(f"{where}: the checkpoint lacks {name!r}")
+    if tuple(a.shape) != tuple(shape) or str(a.dtype) != str(dtype):
+        raise CheckpointError(
+            f"{where}: {name!r} is {a.dtype}{list(a.shape)} in the checkpoint, this run needs "
+            f"{dtype}{list(shape)} (the model or the data changed)"
+        )
+    return a
+
+
+def check_state(ctx: Any) -> None:
+    """Refuse, before training, a rank state that does not fit this run's model and data."""
+    import numpy as np
+
+    from pserver.optim import make_updater
+    from pserver.topology import Role
+
+    state, where = ctx.resume.state, f"--resume {ctx.resume.run_dir} (rank {ctx.rank})"
+    role = ctx.role
+    if role is Role.SERVER:
+        dtype = np.dtype(ctx.model.dtype)
+        names = make_updater(ctx.cfg.optim, 1, np, dtype).state_arrays()
+        for b in ctx.blocks_of(ctx.layout.index(ctx.rank)):
+            expect(state, f"w{b.index}", (b.size,), dtype, where)
+            for name in names:
+                expect(state, f"opt{b.index}.{name}", (b.size,), dtype, where)
+            if str(b.index) not in state.attrs.get("blocks", {}):
+                raise CheckpointError(f"{where}: the checkpoint lacks block {b.index}'s state")
+    elif role is Role.DATA:
+        sampler = state.attrs.get("sampler", {})
+        batch, n = ctx.cfg.data.batch_size, ctx.train_size
+        if (sampler.get("n"), sampler.get("batch_size")) != (n, batch):
+            raise CheckpointError(
+                f"{where}: the data stream was of {sampler.get('n')} samples in batches of "
+                f"{sampler.get('batch_size')}, this run has {n} in batches of {batch}"
+            )
+        replay = state.arrays.get("replay")
+        if replay is None or replay.ndim != 2 or replay.shape[1] != batch:
+            raise CheckpointError(f"{where}: the replayed minibatches are missing or malformed")
+    elif role is Role.STATS and not ctx.dump_path.is_file():
+        raise CheckpointError(f"{where}: the dump {ctx.dump_path} to continue is missing")

@@ -1,0 +1,138 @@
+"""Pure parts of checkpoints and resume: the stop flag, a shard block's state, the continued
+dump, what is supported (the MPI jobs are in tests/test_mpi_checkpoint.py)."""
+
+from __future__ import annotations
+
+import signal
+
+import h5py
+import numpy as np
+import pytest
+
+from pserver.config import Config
+from pserver.resume import unsupported
+from pserver.shard_block import ShardBlock
+from pserver.shard_ckpt import block_state, expected_arrays, restore_block
+from pserver.signals import SIGNALS, StopRequest
+from pserver.stats.writer import StatsWriter
+
+
+def test_the_first_signal_sets_the_flag_and_the_second_takes_the_default_action():
+    before = {s: signal.getsignal(s) for s in SIGNALS}
+    stop = StopRequest()
+    try:
+        stop.install()
+        assert not stop.requested
+        stop.handler(signal.SIGTERM, None)
+        assert stop.requested and stop.signum == signal.SIGTERM
+        assert all(signal.getsignal(s) == signal.SIG_DFL for s in SIGNALS)
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+
+
+def block(epochs: int) -> ShardBlock:
+    cfg = Config()
+    cfg.optim.rule, cfg.run.epochs, cfg.data.batch_size = "momentum", epochs, 4
+    return ShardBlock.build(np.linspace(-1, 1, 10).astype(np.float32), cfg, 1, 16, np)
+
+
+def steps(b: ShardBlock, n: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        g = rng.normal(size=10).astype(np.float32)
+        buf = b.inbox()  # uninitialized: it may hold NaNs until written
+        buf[:] = g
+        b.accept([(0, b.ts, None)], buf, 0.0)
+        assert b.ready(0.0)
+        b.apply(b.commit())
+        b.epoch_ends()
+
+
+def test_a_block_restored_into_a_longer_run_continues_as_the_uninterrupted_one():
+    """2 epochs (8 updates of 4 of 16 samples), saved, restored into a 4-epoch run: the next 8
+    updates equal those of a 4-epoch block that never stopped (momentum state included)."""
+    short, whole = block(2), block(4)
+    steps(short, 8, seed=1)
+    assert short.done
+    arrays, attrs = block_state(short, 3, np.array)
+    assert set(arrays) == set(expected_arrays(short, 3)) == {"w3", "opt3.velocity"}
+    resumed = block(4)
+    restore_block(resumed, 3, arrays, attrs, lambda host, out: np.copyto(out, host))
+    assert not resumed.done and resumed.ts == 8 and resumed.epochs.next_epoch == 3
+    steps(whole, 8, seed=1)
+    steps(resumed, 8, seed=2)
+    steps(whole, 8, seed=2)
+    assert np.array_equal(resumed.w, whole.w)
+    assert resumed.done and whole.done and resumed.ts == whole.ts == 16
+
+
+def test_a_continued_dump_keeps_its_rows_and_appends(tmp_path):
+    path = tmp_path / "stats.h5"
+    with StatsWriter(path, {"run": 1}) as w:
+        w.append("test", epoch=np.array([1.0]), time=np.array([0.5]),
+                 samples=np.array([10]), timestamp=np.array([3]),
+                 loss=np.array([1.0]), error=np.array([0.5]))
+        w.append_clocks("updates", "vector_clock", [[1, 2]])
+    with StatsWriter(path, {"run": 2}, resume=True) as w:
+        assert w.rows() == {"test": 1, "updates/vector_clock": 1}
+        w.append("test", epoch=np.array([2.0]), time=np.array([1.5]),
+                 samples=np.array([20]), timestamp=np.array([6]),
+                 loss=np.array([0.5]), error=np.array([0.25]))
+        w.append_clocks("updates", "vector_clock", [[3, 4, 5]])
+    with h5py.File(path, "r") as f:
+        assert list(f["test/epoch"][()]) == [1.0, 2.0]
+        assert f["updates/vector_clock"][()].tolist() == [[1, 2, -1], [3, 4, 5]]
+        assert f.attrs["run"] == 2
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "named"),
+    [
+        ("cluster.tree_fanout", 2, "tree_fanout"),
+        ("cluster.bcast_fanout", 2, "bcast_fanout"),
+        ("comm.transport", "shm", "transport"),
+        ("protocol.pull_fraction", 0.5, "pull_fraction"),
+    ],
+)
+def test_unsupported_combinations_are_named(key, value, named):
+    cfg = Config()
+    assert unsupported(cfg) is None
+    section, name = key.split(".")
+    setattr(getattr(cfg, section), name, value)
+    assert named in unsupported(cfg)
+
+
+def test_a_continued_dump_drops_the_rows_written_after_its_checkpoint(tmp_path):
+    path = tmp_path / "stats.h5"
+    with StatsWriter(path, {}) as w:
+        w.append("skipped_tests", epoch=np.array([1.0]), time=np.array([0.5]),
+                 blocks_received=np.array([0]))
+        w.append_clocks("updates", "vector_clock", [[1], [2]])
+        at_checkpoint = w.rows()
+        w.append("skipped_tests", epoch=np.array([2.0]), time=np.array([1.5]),
+                 blocks_received=np.array([0]))
+        w.append_clocks("updates", "vector_clock", [[3]])
+    assert at_checkpoint == {"skipped_tests": 1, "updates/vector_clock": 2}
+    with StatsWriter(path, {}, resume=True) as w:
+        w.truncate(at_checkpoint)
+    with h5py.File(path, "r") as f:
+        assert list(f["skipped_tests/epoch"][()]) == [1.0]
+        assert f["updates/vector_clock"][()].tolist() == [[1], [2]]
+
+
+def test_a_hardsync_round_stops_waiting_for_a_learner_that_said_goodbye():
+    """λ = 3: learner 0 stopped after its step k (a signal), 1 and 2 pushed step k+1: without
+    retirement the round waited for learner 0 forever and the others' last pulls hung."""
+    from pserver.protocols.base import Arrival
+    from pserver.protocols.rudra import Hardsync
+
+    p = Hardsync(3, 4, 4)
+    for k in (1, 2):
+        assert p.on_gradient(Arrival(k, 5, 0.0), 5).accept
+    assert not p.ready()
+    p.retire(0)
+    assert p.ready()
+    assert p.commit(5).divisor == 2
+    p.retire(1)
+    assert not p.ready()  # an empty round never updates
