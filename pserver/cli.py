@@ -229,7 +229,10 @@ def learner(ctx, weights):  # noqa: ANN001, ANN201 - Context, array -> Trainer
     from pserver.roles.prefetch import Prefetcher
     from pserver.roles.trainer import Trainer
 
-    exchange = lookup(ctx.cfg.protocol.name).exchange(ctx.cfg.comm.mode)
+    strategy = lookup(ctx.cfg.protocol.name)
+    if not strategy.ranks.servers:  # the learner owns the model: it lives on its device
+        weights = ctx.xp.asarray(weights)
+    exchange = strategy.exchange(ctx.cfg.comm.mode)
     return Trainer(ctx, EXCHANGES[exchange]()(ctx, weights), Prefetcher(ctx))
 
 
