@@ -1,7 +1,7 @@
 """A harder classification task made on the spot: labels from a random teacher network.
 
 The digits are too easy to separate the model-averaging strategies (every one ends near the same
-error, docs/performance.md).
+error: docs/protocols.md, "Reproducing Tables 1–3").
 Here ``n`` inputs x = z·A (z ~ N(0, I), A a random mixing: correlated features) are labelled by
 a random two-layer tanh network (the *teacher*) whose logits get Gumbel noise, so that the
 labels are a smooth but nonlinear function of x with a known share of noise: a student MLP of
