@@ -67,7 +67,9 @@ def test_a_torch_cnn_learns_under_the_protocols(tmp_path, ranks, overrides):
     dump = load_dump(tmp_path / "stats.h5")
     errors = dump.group("test")["error"]
     assert len(errors) == 4
-    assert errors.min() < 0.15, errors  # chance is 0.9; measured 3-9 % after 4 epochs
+    # chance is 0.9; measured 3-9 % after 4 epochs on a quiet machine, but async in thread mode
+    # on an oversubscribed one (CI) reached 16.9 %: its ⟨σ⟩ and so its rate follow the load
+    assert errors.min() < 0.25, errors
     assert np.all(np.isfinite(final_weights(tmp_path)))
 
 

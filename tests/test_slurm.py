@@ -142,9 +142,11 @@ def test_scancel_ends_every_rank_with_a_readable_dump(slurm, tmp_path):
     assert load_dump(dump).attrs["pserver_version"]  # readable: the last complete flush
 
 
-def test_requeued_job_starts_again_in_its_directory_without_hanging(slurm, tmp_path):
+def test_requeued_job_resumes_in_its_directory_without_hanging(slurm, tmp_path):
     """The second attempt has the job id, and so the step's MPICH segment name, of the first
-    one, which was killed in training: without the clean-up its MPI_Init waited forever."""
+    one, which was killed in training: without the clean-up its MPI_Init waited forever. The
+    requeue's SIGTERM makes every rank of the first attempt write a checkpoint (exit 75), and
+    the second attempt resumes from it in the same run directory."""
     job = submit(tmp_path, "run.epochs=100000", "stats.flush_interval=0.2",
                  sbatch=("--requeue",))  # fmt: skip
     out, log = tmp_path / "runs" / job, tmp_path / f"{job}.out"
@@ -154,14 +156,16 @@ def test_requeued_job_starts_again_in_its_directory_without_hanging(slurm, tmp_p
         wait_for("the requeue", lambda: job_state(job) == "PENDING")
         # SLURM holds a requeued job for about two minutes (its begin time); not here
         assert sh("scontrol", "update", f"JobId={job}", "StartTime=now").returncode == 0
-        # the old dump was moved away before the launch: a stats.h5 now is the second one's
-        wait_for("the second attempt's dump", lambda: "restart 1 of job" in log.read_text()
-                 and (out / "stats.h5").exists())  # fmt: skip
+        # the second attempt is past MPI_Init once a shard of it serves its blocks again
+        wait_for("the second attempt's training", lambda: "restart 1 of job" in log.read_text()
+                 and log.read_text().count("serving blocks") >= 2)  # fmt: skip
     finally:
         sh("scancel", job)
     text = finish(job, log)
-    assert f"the previous attempt's dump is kept as {out}/stats.restart-0.h5" in text, text
-    assert load_dump(out / "stats.restart-0.h5").attrs["restarts"] == 0
+    assert "pserver.slurm: exit status 75" in text, text  # the first attempt's checkpoint
+    assert f"restart 1 of job {job}: resuming from {out}" in text, text
+    assert (out / "checkpoint" / "LATEST").is_file()
+    assert not (out / "stats.restart-0.h5").exists()  # one dump, continued in place
     assert load_dump(out / "stats.h5").attrs["restarts"] == 1
 
 
