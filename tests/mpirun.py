@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from pserver import launch
 
@@ -104,3 +105,26 @@ def run_program(n: int, path: Path, args: Sequence[str] = (), timeout: float = 1
     if res.reason:
         raise AssertionError(f"{path.name} on {n} ranks hung for {timeout:.0f} s\n{res.output}")
     return res
+
+
+def final_weights(run_dir: Path) -> Any:
+    """The final model a run's dump holds (``model/weights``)."""
+    import h5py
+
+    with h5py.File(Path(run_dir) / "stats.h5", "r") as f:
+        return f["model/weights"][:]
+
+
+def require_gpu() -> None:
+    """Skip the calling test (or module fixture) unless CuPy sees a CUDA device."""
+    import pytest
+
+    try:
+        import cupy
+    except Exception as e:  # ImportError, or a broken CUDA install failing inside the import
+        pytest.skip(f"CuPy cannot be imported: {e}")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no CUDA device is visible")
+    except Exception as e:  # CUDARuntimeError: no driver or no device
+        pytest.skip(f"CuPy sees no CUDA device: {e}")

@@ -3,10 +3,9 @@ consistent dumps, and bad input refused before training."""
 
 from __future__ import annotations
 
-import h5py
 import numpy as np
 import pytest
-from mpirun import QUICKSTART, assert_learned, run_job, train
+from mpirun import QUICKSTART, assert_learned, final_weights, run_job, train
 
 from learners.data import load_dataset
 from learners.serial import train_block_serial, train_serial
@@ -16,10 +15,6 @@ from pserver.stats.reader import load_dump
 
 pytestmark = pytest.mark.mpi
 
-
-def final_weights(tmp_path):
-    with h5py.File(tmp_path / "stats.h5", "r") as f:
-        return f["model/weights"][:]
 
 
 def test_ma_one_learner_tau_one_is_serial_sgd_bit_for_bit(tmp_path):

@@ -4,10 +4,9 @@ drift records, the dump schema and bad input."""
 
 from __future__ import annotations
 
-import h5py
 import numpy as np
 import pytest
-from mpirun import QUICKSTART, assert_learned, run_job, train
+from mpirun import QUICKSTART, assert_learned, final_weights, run_job, train
 
 from learners.data import load_dataset
 from learners.serial import serial_steps, train_serial, train_serial_delayed
@@ -19,10 +18,6 @@ from pserver.stats.schema import GROUPS
 
 pytestmark = pytest.mark.mpi
 
-
-def final_weights(tmp_path):
-    with h5py.File(tmp_path / "stats.h5", "r") as f:
-        return f["model/weights"][:]
 
 
 @pytest.mark.parametrize(

@@ -13,10 +13,9 @@ import json
 import subprocess
 import sys
 
-import h5py
 import numpy as np
 import pytest
-from mpirun import QUICKSTART, ROOT, assert_learned, train
+from mpirun import QUICKSTART, ROOT, assert_learned, final_weights, require_gpu, train
 
 from learners.data import load_dataset
 from learners.serial import serial_steps, train_serial
@@ -28,20 +27,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 
 @pytest.fixture(scope="module", autouse=True)
 def gpu() -> None:
-    try:
-        import cupy
-    except Exception as e:  # ImportError, or a broken CUDA install failing inside the import
-        pytest.skip(f"CuPy cannot be imported: {e}")
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no CUDA device is visible")
-    except Exception as e:  # CUDARuntimeError: no driver or no device
-        pytest.skip(f"CuPy sees no CUDA device: {e}")
+    require_gpu()
 
-
-def final_weights(path):
-    with h5py.File(path / "stats.h5", "r") as f:
-        return f["model/weights"][:]
 
 
 @pytest.mark.parametrize(

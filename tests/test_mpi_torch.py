@@ -3,10 +3,9 @@ numpy class (``model.kind = "python"``), through the protocols; bad modules stop
 
 from __future__ import annotations
 
-import h5py
 import numpy as np
 import pytest
-from mpirun import QUICKSTART, ROOT, run_job, train
+from mpirun import QUICKSTART, ROOT, final_weights, run_job, train
 
 from learners.data import load_dataset
 from learners.serial import train_serial
@@ -19,10 +18,6 @@ CNN = "examples/torch_cnn.py:build"
 SOFTMAX = "examples/numpy_softmax.py:NumpySoftmax"
 TIMEOUT = 300.0  # each rank imports PyTorch (~2 s alone, ~10 s on the loaded 2-core machine)
 
-
-def final_weights(path):
-    with h5py.File(path / "stats.h5", "r") as f:
-        return f["model/weights"][:]
 
 
 def test_torch_lambda_1_equals_a_plain_torch_loop(tmp_path):
