@@ -169,10 +169,13 @@ def check_state(ctx: Any) -> None:
         if replay is None or replay.ndim != 2 or replay.shape[1] != batch:
             raise CheckpointError(f"{where}: the replayed minibatches are missing or malformed")
     elif role is Role.LEARNER and lookup(ctx.cfg.protocol.name).lockstep:
-        from pserver.roles.lockstep_ckpt import expected
-
-        hybrid = ctx.cfg.protocol.name == "hybrid"
-        for name, (shape, dtype) in expected(ctx, hybrid).items():
-            expect(state, f"exchange.{name}", shape, dtype, where)
+        # SYNC, HYBRID: the learner's model (pserver.roles.lockstep_ckpt)
+        dtype = np.dtype(ctx.model.dtype)
+        rule = make_updater(ctx.cfg.optim, 1, np, dtype).state_arrays()
+        names = ["w", *(f"opt.{k}" for k in rule)]
+        if ctx.cfg.protocol.name == "hybrid":
+            names.append("pre")
+        for name in names:
+            expect(state, f"exchange.{name}", (ctx.model.n_params,), dtype, where)
     elif role is Role.STATS and not ctx.dump_path.is_file():
         raise CheckpointError(f"{where}: the dump {ctx.dump_path} to continue is missing")

@@ -10,6 +10,7 @@ watchdog of ``stop_with_sigterm``); the signal is sent once the dump shows train
 from __future__ import annotations
 
 import sys
+import zlib
 from pathlib import Path
 
 import h5py
@@ -126,7 +127,8 @@ def test_three_learners_stop_at_one_boundary_and_the_resumed_run_learns(tmp_path
 
 
 def test_refusals_keep_working_for_the_new_families(tmp_path):
-    """Another rank count, a changed config, ADPSGD (not covered): exit 2, one line."""
+    """Another rank count, a changed config, ADPSGD (not covered), a learner's model of
+    another shape: exit 2, one line."""
     n, setting = FAMILIES["sync"]
     a = tmp_path / "a"
     assert job(a, n, *setting, "run.epochs=1").returncode == 0
@@ -142,6 +144,12 @@ def test_refusals_keep_working_for_the_new_families(tmp_path):
     assert "protocol.name" in refused("protocol.name=hybrid", "comm.mode=thread")
     gossip = refused("protocol.name=adpsgd", ranks=4)  # two learners: ADPSGD's fewest
     assert "not supported with protocol.name = 'adpsgd'" in gossip
+    learner = a / "checkpoint" / "g000001" / "rank-00002.h5"
+    with h5py.File(learner, "r+") as f:  # a shorter model with a matching checksum
+        short = f["exchange.w"][:10]
+        del f["exchange.w"]
+        f.create_dataset("exchange.w", data=short).attrs["crc32"] = zlib.crc32(short.tobytes())
+    assert "'exchange.w' is float32[10]" in refused(*setting)
 
 
 if __name__ == "__main__":

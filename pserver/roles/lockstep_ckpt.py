@@ -51,17 +51,6 @@ def restore_model(model: Any, state: State) -> None:
     model.plan.counter.next_epoch = int(state.attrs["next_epoch"])
 
 
-def expected(ctx: Any, hybrid: bool) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Name -> (shape, dtype) of every array a lockstep learner's exchange saves."""
-    from pserver.optim import make_updater
-
-    n, dtype = ctx.model.n_params, np.dtype(ctx.model.dtype)
-    names = ["w", *(f"opt.{k}" for k in make_updater(ctx.cfg.optim, 1, np, dtype).state_arrays())]
-    if hybrid:
-        names.append("pre")
-    return {name: ((n,), str(dtype)) for name in names}
-
-
 class HybridCut:
     """HYBRID's two models at the cut (see the module docstring)."""
 
