@@ -84,9 +84,10 @@ class StopVote:
             self.dup_req = None
 
     def close(self) -> None:
-        """Free the communicator (also after an error: never waits; MPI completes a vote
-        still pending, and a job whose learner failed is aborted)."""
-        if self.dup_req is None and self.comm != MPI.COMM_NULL:
+        """Free the communicator; also called after an error, so it never waits: with a
+        vote or the duplication still pending (a learner failed mid-run, the job is being
+        aborted) the communicator is left to the end of the process."""
+        if self.dup_req is None and self.pending is None and self.comm != MPI.COMM_NULL:
             self.comm.Free()
 
 
