@@ -6,7 +6,7 @@ allreduce, or in a block round, that never completes, and a checkpoint of learne
 steps is no consistent cut. A signal reaches the ranks at different moments, so each learner
 votes and all act on the vote's result, never on their own flag (``pserver.signals.STOP``).
 
-The vote is lagged by one boundary, so that it never makes a learner wait: at boundary ``k``
+The vote is lagged by one boundary, so that it seldom makes a learner wait: at boundary ``k``
 a learner first takes the result of the vote posted at boundary ``k − 1`` (a non-blocking
 ``MAX`` reduction of every learner's flag, on a communicator of its own), stops if any
 learner had seen a signal then, and otherwise posts its vote for boundary ``k + 1``. Every
@@ -16,15 +16,17 @@ signal (one step of SYNC/HYBRID, one block of τ local steps of BMUF/MA).
 Liveness: the learners pass the same boundaries in the same order (lockstep: the same steps,
 or the same blocks), and every decision is taken from a reduction's result, the same on all,
 so each learner posts exactly the same sequence of votes and each vote completes once every
-learner has posted it. Posting happens as a learner leaves a boundary, before its step's
-allreduce (SYNC, HYBRID) or before its block's pull (BMUF, MA), so by the time a learner
-reaches the next boundary every other learner has posted that vote (its allreduce or block
-round could not have completed otherwise): the wait at the next boundary normally finds it
-complete. A vote posted at the last boundary (BMUF's shards end the run in the pull that
-follows it) is completed by :meth:`StopVote.finish`, which every learner reaches at the
-end of its loop. Waits use
-the Waiter's back-off and stall report (no blocking MPI call, no spinning); the communicator
-is duplicated with ``Idup``, waited the same way at the first vote.
+learner has posted it. A learner reaching boundary k knows that every other learner has
+left boundary k − 2 at least, and so is at most one step (a block) away from posting vote
+k − 1, which needs nothing of this learner: SYNC's allreduce of step k − 1 completed only once
+every learner started it, after posting vote k − 1; HYBRID's allreduce of step k − 2 and
+BMUF's round of block k − 2, which a learner needed to get here, were started or pushed by
+every learner just before it posted vote k − 1. So the wait at the next boundary normally
+finds the vote complete, and otherwise lasts until the slowest learner's next boundary. A vote
+posted at the last boundary (BMUF's shards end the run in the pull that follows it) is
+completed by :meth:`StopVote.finish`, which every learner reaches at the end of its loop.
+Waits use the Waiter's back-off and stall report (no blocking MPI call, no spinning); the
+communicator is duplicated with ``Idup``, waited the same way at the first vote.
 """
 
 from __future__ import annotations
