@@ -58,6 +58,9 @@ def restore_block(
     load = getattr(b.protocol, "restore", None)
     if callable(load) and "protocol" in attrs:
         load(attrs["protocol"])
+    after = getattr(b, "restored", None)  # a block serving another model than w (BMUF's)
+    if callable(after):
+        after()
 
 
 def expected_arrays(b: ShardBlock, index: int) -> dict[str, tuple[tuple[int, ...], str]]:
