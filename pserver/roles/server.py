@@ -40,7 +40,7 @@ from pserver.wire import (
 __all__ = ["SNAPSHOT_QUEUE_MAX", "BlockState", "ServerShard", "snapshot_queue"]
 
 
-class ServerShard(PullAnswers):
+class ServerShard:
     def __init__(self, ctx: Context, weights: Any) -> None:
         """``weights`` is the whole initial flat vector; this shard keeps a copy of its slices."""
         self.ctx, self.cfg, self.xp = ctx, ctx.cfg, ctx.xp
@@ -51,7 +51,6 @@ class ServerShard(PullAnswers):
         self.live = set(ctx.layout.children(None))  # learners, or the top aggregators
         self.out = header_buffer()
         self.shm = ctx.shm if ctx.shm is not None and ctx.rank in ctx.shm.local else None
-        self.ack = np.empty(0, dtype=np.int8)  # shared-window copies are acknowledged empty
         self.zero_copy = self.shm is not None and self.shm.zero_copy(ctx.rank)
         # learners whose payloads go through our window (the others use messages)
         self.window_peers = frozenset(self.shm.local[ctx.rank] if self.shm is not None else ())
@@ -63,11 +62,13 @@ class ServerShard(PullAnswers):
         self.predicts = self.cfg.protocol.predict and not self.staged
         build = BlockBuilder(ctx, self.shm, self.staged, len(self.live))
         self.blocks = build.blocks(mine, weights)
-        self.handlers = {Tag.PUSH: self.on_push, Tag.PULL: self.on_pull, Tag.BYE: self.on_bye}
+        self.handlers = {Tag.PUSH: self.on_push, Tag.BYE: self.on_bye}
         self.rows = ShardRows(self.records, self.shard, min(self.blocks), ctx.now)
         self.dropped_after_stop = 0
-        self.bytes_in = self.bytes_out = 0
+        self.bytes_in = 0
         self.inject = ShardInjection(inject_plan(self.cfg), self.shard, self.live)
+        self.pulls = PullAnswers(self)
+        self.handlers[Tag.PULL] = self.pulls.on_pull
         if ctx.resume is not None:
             self.restore(ctx.resume.state)
 
@@ -81,7 +82,7 @@ class ServerShard(PullAnswers):
         what = lambda: f"a push or pull from learners {sorted(self.live)}"  # noqa: E731
         while self.live:
             header = inbox.next(
-                what, also=self.released, due=self.next_due(), clock=self.ctx.now
+                what, also=self.pulls.released, due=self.next_due(), clock=self.ctx.now
             )
             if header is not None:
                 handler = self.handlers.get(header.kind)
@@ -91,7 +92,7 @@ class ServerShard(PullAnswers):
                 handler(header)
                 self.inject.slow_down(time.perf_counter() - started)
             self.on_time()
-            self.answer_starved()
+            self.pulls.answer_starved()
             self.records.maybe_send()
         inbox.close()
         self.finish()
@@ -108,7 +109,7 @@ class ServerShard(PullAnswers):
             if st.arith.protocol.deadline() is not None and st.arith.ready(now):
                 self.update(st)
         for h in self.inject.released(now):
-            self.answer(h)
+            self.pulls.answer(h)
 
     # -- pushes ------------------------------------------------------------------------------
 
@@ -183,7 +184,7 @@ class ServerShard(PullAnswers):
             self.send_snapshot(st, epoch)
         if st.snaps.queued:
             st.snaps.advance()
-        self.answer_waiting(st)
+        self.pulls.answer_waiting(st)
 
     def on_bye(self, h: Header) -> None:
         self.live.discard(h.sender)
@@ -193,7 +194,7 @@ class ServerShard(PullAnswers):
             # step: the round they complete no longer waits for it (hardsync's lockstep)
             if not st.arith.done and st.arith.in_round and st.arith.ready(self.ctx.now()):
                 self.update(st)
-            self.answer_waiting(st)
+            self.pulls.answer_waiting(st)
 
     # -- checkpoints (pserver.roles.ckpt_end, pserver.shard_ckpt) -----------------------------
 
@@ -232,7 +233,7 @@ class ServerShard(PullAnswers):
             dropped_after_stop=self.dropped_after_stop,
             wait_time=self.waiter.waited,
             bytes_in=self.bytes_in,
-            bytes_out=self.bytes_out,
+            bytes_out=self.pulls.bytes_out,
             skipped_snapshots=sum(st.snaps.skipped for st in self.blocks.values()),
         )
         self.records.close(self.waiter)

@@ -5,27 +5,31 @@ pulls (split from it by job, behaviour unchanged): whether a pull goes now, wait
 update (``waiting_pulls``) or for a free version (``starved``), and how weights travel (a send
 of the current or staged version, a shared-window copy or a zero-copy loan). The rule itself is
 ``pserver.protocols.pull.pull_answer``; the versions are ``shard_versions``'.
-
-The mixin reads the shard's attributes set in ``ServerShard.__init__``: ``ctx``, ``ch``,
-``blocks``, ``inject``, ``rows``, ``out``, ``ack``, ``shm``, ``zero_copy``, ``window_peers``,
-``staged``, ``predicts``, ``payloads``, ``bytes_out``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from pserver.protocols.pull import pull_answer
 from pserver.roles.shard_state import BlockState
-from pserver.wire import Header, Reply, Tag, pull_oldest, reply_aux, reply_tag
+from pserver.wire import Header, Reply, Tag, header_buffer, pull_oldest, reply_aux, reply_tag
 
 
 class PullAnswers:
-    """Held pulls and replies of a shard (see the module docstring)."""
+    """Held pulls and replies of a shard (see the module docstring); ``shard`` is the
+    :class:`~pserver.roles.server.ServerShard` whose blocks, transport and injection it reads."""
 
-    ctx: Any
-    ch: Any
-    blocks: dict[int, BlockState]
+    def __init__(self, shard: Any) -> None:
+        self.ctx, self.ch, self.blocks = shard.ctx, shard.ch, shard.blocks
+        self.inject, self.rows, self.payloads = shard.inject, shard.rows, shard.payloads
+        self.shm, self.zero_copy, self.window_peers = shard.shm, shard.zero_copy, shard.window_peers
+        self.staged, self.predicts = shard.staged, shard.predicts
+        self.out = header_buffer()
+        self.ack = np.empty(0, dtype=np.int8)  # shared-window copies are acknowledged empty
+        self.bytes_out = 0
 
     def released(self) -> bool:
         """Whether a pull held for lack of a version may go now (polled while idle)."""
