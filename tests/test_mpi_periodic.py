@@ -161,3 +161,31 @@ def test_bad_interval_and_unsupported_configs_are_refused_with_one_line(tmp_path
     errs = lines(res.output, "pserver-run: error:")
     assert len(errs) == 1 and "not supported with cluster.tree_fanout" in errs[0], res.output
     assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        ("protocol.name=hardsync",),
+        ("protocol.name=softsync", "protocol.n=2", "comm.mode=thread"),
+        ("protocol.name=psp", "protocol.c=2", "protocol.tau1=0.01"),
+        ("protocol.name=ssp",),
+    ],
+)
+def test_lambda4_periodic_runs_pause_end_and_keep_a_consistent_dump(tmp_path, setting):
+    """λ = 4, two shards: learners pause at different steps; each pause must end (before
+    ``PartialPush.retire`` a psp round below c waited forever for the paused learners, with the
+    last one's pull held), and a round open at the pause closes with the gradients it has (a
+    dropped softsync round left gradient rows of updates that never took them)."""
+    a = tmp_path / "a"
+    res = run_job(
+        8,
+        [str(QUICKSTART), f"run.out_dir={a}", *SLOW, PERIODIC, "cluster.servers=2",
+         "blocks.count=2", "inject.compute_time=0.01", *setting],
+        TIMEOUT,
+    )  # fmt: skip
+    assert res.returncode == 0, res.output
+    assert "(periodic)" in res.output, res.output
+    assert check_dump(load_dump(a / "stats.h5")) == []
+    with h5py.File(a / "stats.h5", "r") as f:
+        assert list(f["test/epoch"][()]) == [1, 2, 3]

@@ -190,9 +190,13 @@ class ServerShard:
         self.live.discard(h.sender)
         for st in self.blocks.values():
             st.arith.protocol.retire(self.ctx.layout.index(h.sender))
-            # a learner stopped by a signal (pserver.signals) while the others finish their
-            # step: the round they complete no longer waits for it (hardsync's lockstep)
-            if not st.arith.done and st.arith.in_round and st.arith.ready(self.ctx.now()):
+            # a learner stopped by a signal (pserver.signals) or paused for a periodic
+            # checkpoint while the others finish their step: the round they complete no longer
+            # waits for it (hardsync's lockstep); once every learner is gone a round below its
+            # count (softsync's c) can get no more gradients: it closes with those it has, so
+            # no gradient the dump says was taken is lost at the cut
+            a = st.arith
+            if not a.done and a.in_round and (a.ready(self.ctx.now()) or not self.live):
                 self.update(st)
             self.pulls.answer_waiting(st)
 
