@@ -15,7 +15,9 @@ wrote its file, so a job killed at any moment keeps the previous generation vali
 Exit status of every rank (docs/checkpoints.md): 0 the run is over and checkpointed (it can be
 continued for more epochs with ``--resume``); 75 (``signals.STOPPED``) stopped by a signal with
 its checkpoint committed: resume it; 74 a checkpoint that could not be written (a full disk):
-one line says why, and the previous generation stays the one to resume from.
+one line says why, and the previous generation stays the one to resume from. A periodic
+checkpoint (a learner ``paused``: the ``PAUSED`` bit, no signal) returns :data:`CONTINUE`
+instead, also when it could not be written (``pserver.roles.ckpt_periodic`` goes on).
 
 Liveness: every rank reaches the agreement once its loop ended (the loops end as at any run's
 end); a rank that fails to write still reports (as a status), so none waits for it forever.
