@@ -174,6 +174,7 @@ def commit(
     """Make ``generation`` the one to resume from, then remove the older generations.
 
     Call only once every rank's file of ``generation`` is written (the caller's agreement).
+    Newer generations' directories (being written, or left by a run killed later) stay.
     """
     root = Path(ckpt_dir)
     missing = [r for r in range(world_size) if not rank_file(root, generation, r).is_file()]
@@ -188,7 +189,9 @@ def commit(
     text = json.dumps(body, sort_keys=True, indent=1)
     _atomic(root / MANIFEST, lambda tmp: tmp.write_text(text))
     for old in root.glob("g[0-9]*"):
-        if old.is_dir() and old.name != generation_dir(root, generation).name:
+        # only older ones: with periodic checkpoints the ranks may already be writing the
+        # next generation while this one is committed (pserver.roles.ckpt_periodic)
+        if old.is_dir() and old.name[1:].isdigit() and int(old.name[1:]) < generation:
             shutil.rmtree(old, ignore_errors=True)
 
 

@@ -106,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
 
             ctx.resume = open_resume(args.resume, cfg, size, rank, ctx.role.value)
             check_state(ctx)
+        if cfg.run.checkpoint_interval > 0:  # periodic checkpoints: refused as --resume is
+            from pserver.resume import refuse_unsupported
+
+            refuse_unsupported(cfg, f"run.checkpoint_interval = {cfg.run.checkpoint_interval}")
     except BaseException as e:  # every failure must reach the agreement, or the others hang
         error = e
     waiter = Waiter(log, peers, comm.poll_min, comm.poll_max, comm.stall_timeout)
@@ -163,10 +167,11 @@ def die(message: str, world) -> None:  # noqa: ANN001 - MPI.Comm
 
 def run(ctx, world) -> int:  # noqa: ANN001 - Context and MPI.Comm, imported lazily
     """Build the role's driver, run it to the end of training, checkpoint; the exit status
-    (``pserver.roles.ckpt_end``: 0 done, 75 stopped by a signal, 74 checkpoint not written)."""
+    (``pserver.roles.ckpt_end``: 0 done, 75 stopped by a signal, 74 checkpoint not written;
+    ``pserver.roles.ckpt_periodic`` for ``run.checkpoint_interval``)."""
     from pserver.blas import limit_blas_threads
     from pserver.comm.channels import Channels
-    from pserver.roles.ckpt_end import end_checkpoint
+    from pserver.roles.ckpt_periodic import run_parts
 
     ctx.log = setup_logging(ctx.rank, ctx.layout.describe(ctx.rank), ctx.cfg.run.log_level)
     if ctx.rank == 0:
@@ -191,9 +196,8 @@ def run(ctx, world) -> int:  # noqa: ANN001 - Context and MPI.Comm, imported laz
     world.Barrier()
     # a resumed run's clock goes on from the checkpointed run's (the dump's times continue)
     ctx.t0 = time.time() - (ctx.resume.elapsed if ctx.resume is not None else 0.0)
-    driver = DRIVERS[ctx.role](ctx, weights)
-    driver.run()
-    code = end_checkpoint(ctx, world, driver)
+    # one part, or one per periodic checkpoint (each driver built from the last one's state)
+    code = run_parts(ctx, world, lambda: DRIVERS[ctx.role](ctx, weights))
     if ctx.shm is not None:
         ctx.shm.free()
     ctx.channels.free()

@@ -41,6 +41,9 @@ class RunConfig:
     overwrite: bool = False  # replace an existing dump in out_dir
     epoch_basis: str = "applied"  # applied: gradients in updates; computed: also dropped ones
     blas_threads: int = 0  # 0: one per rank unless OMP/OPENBLAS/MKL_NUM_THREADS is set
+    # periodic checkpoints (pserver.roles.ckpt_periodic): seconds between two; 0: only at the
+    # run's end and on a signal
+    checkpoint_interval: float = 0.0
 
 
 @dataclass
@@ -231,6 +234,7 @@ POSITIVE = {
 }
 NON_NEGATIVE = {
     "run.blas_threads",
+    "run.checkpoint_interval",
     "cluster.servers",  # > 0 for the strategies with server shards (check_ranks)
     "comm.max_inflight",
     "cluster.learners",

@@ -84,10 +84,13 @@ class Resume:
     run_dir: Path
     manifest: Manifest
     state: State
+    # a periodic checkpoint's own run going on in process (pserver.roles.ckpt_periodic): the
+    # same job, so no restart is counted
+    continued: bool = False
 
     @property
     def restarts(self) -> int:
-        return int(self.manifest.extra.get("restarts", 0)) + 1
+        return int(self.manifest.extra.get("restarts", 0)) + (0 if self.continued else 1)
 
     @property
     def elapsed(self) -> float:

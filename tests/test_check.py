@@ -152,3 +152,19 @@ def test_prediction_rows_are_checked() -> None:
     d = with_predictions(consistent())
     d.groups["predictions"]["timestamp"] = np.array([1, 2, 2], I64)
     assert check_dump(d) == ["shard 0: predictions/ rows are not one per update"]
+
+
+def test_a_run_in_parts_is_held_to_its_last_end_rows() -> None:
+    """A resumed run (or one with periodic checkpoints) has one ``learners``/``servers``/
+    ``blocks`` row per part, with the counts so far: the last one is held to the streams, an
+    earlier part's smaller counts are no problem, a wrong last one still is."""
+    d = consistent()
+    g = d.groups
+    g["learners"] = {"learner": np.array([0, 1, 0, 1], I32),
+                     "minibatches": np.array([1, 2, 3, 3], I64)}
+    g["servers"] = {"shard": np.zeros(2, I32), "updates": np.array([1, 3], I64)}
+    g["blocks"] = {k: np.concatenate([v, v]) for k, v in g["blocks"].items()}
+    g["blocks"]["timestamp"][0], g["blocks"]["applied"][0] = 1, 2
+    assert check_dump(d) == []
+    g["learners"]["minibatches"][-1] = 2
+    assert check_dump(d) == ["learner 1: 2 minibatches but train steps 3 rows, 0..2"]

@@ -136,3 +136,18 @@ def test_a_hardsync_round_stops_waiting_for_a_learner_that_said_goodbye():
     assert p.commit(5).divisor == 2
     p.retire(1)
     assert not p.ready()  # an empty round never updates
+
+
+def test_a_psp_round_below_c_closes_once_the_others_said_goodbye():
+    """λ = 4, c = 2: three learners paused (a periodic checkpoint) or stopped before the
+    fourth pushed: its round has one gradient, below c, and before retirement the round (and
+    the fourth's held pull) waited forever: a periodic psp run hung at its first pause."""
+    from pserver.protocols.base import Arrival
+    from pserver.protocols.psp import PartialPush
+
+    p = PartialPush(4, 2, 0.01)
+    for k in (0, 1, 2):
+        p.retire(k)
+    assert p.on_gradient(Arrival(3, 5, 0.0), 5).accept
+    assert p.ready(0.0)
+    assert p.commit(5).divisor == 1

@@ -221,3 +221,21 @@ def test_an_exchange_with_rows_of_its_own_writes_them_with_the_trainers() -> Non
     ex.attach = got.append
     Trainer(trainer.ctx, ex, trainer.prefetch)
     assert got == [records]
+
+
+def test_a_periodic_checkpoint_pauses_at_the_first_boundary_past_its_time() -> None:
+    """``run.checkpoint_interval``: the loop ends (``paused``, not ``stopped_early``) at the
+    first step boundary once the interval has passed since the part began, never before the
+    part's first step (each part makes progress), and says goodbye as at a run's end."""
+    models = [np.array([1.0, 0.0, 0.0])] * 5
+    trainer, ex, records = make(["run.checkpoint_interval=2.5"], models)
+    clock = iter([0.0, 9.0, 9.0, 9.0])  # construction at 0; already past due at step 0
+    trainer.ctx.now = lambda: next(clock, 9.0)
+    trainer.pause_at = 2.5
+    trainer.run()
+    assert trainer.paused and not trainer.stopped_early
+    assert ex.calls.count("gradient") == 1  # the part's one step, then the pause
+    assert ex.calls[-5:] == ["done", "close", "prefetch.close", "finish", "prefetch.bye"]
+    assert records.said_bye
+    idle, _, _ = make([], models)
+    assert idle.pause_at == float("inf") and not idle.pause_due()  # 0: never

@@ -81,6 +81,12 @@ class PartialPush(Protocol):
             return True  # no timeout: the c-th gradient closes the round, whatever the clock
         return (self.last_time if now is None else now) >= deadline
 
+    def retire(self, learner: int) -> None:
+        """``learner`` computes no more (a signal or a periodic checkpoint's pause): a round
+        no longer waits for it, so one that cannot reach ``c`` gradients closes once the
+        learners still running have answered (their held pulls are then answered)."""
+        self.rounds.retire(learner)
+
     def deadline(self) -> float | None:
         """When the round closes without another arrival: ``t_c + tau1``; None below ``c``.
 

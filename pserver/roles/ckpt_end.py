@@ -17,7 +17,9 @@ wrote its file, so a job killed at any moment keeps the previous generation vali
 Exit status of every rank (docs/checkpoints.md): 0 the run is over and checkpointed (it can be
 continued for more epochs with ``--resume``); 75 (``signals.STOPPED``) stopped by a signal with
 its checkpoint committed: resume it; 74 a checkpoint that could not be written (a full disk):
-one line says why, and the previous generation stays the one to resume from.
+one line says why, and the previous generation stays the one to resume from. A periodic
+checkpoint (a learner ``paused``: the ``PAUSED`` bit, no signal) returns :data:`CONTINUE`
+instead, also when it could not be written (``pserver.roles.ckpt_periodic`` goes on).
 
 Liveness: every rank reaches the agreement once its loop ended (the loops end as at any run's
 end); a rank that fails to write still reports (as a status), so none waits for it forever.
@@ -29,16 +31,26 @@ scripts/bench_checkpoint.py).
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
-from pserver.checkpoint import CheckpointError, commit, latest, rank_file, write_state
+from pserver.checkpoint import (
+    CheckpointError,
+    commit,
+    generation_dir,
+    latest,
+    rank_file,
+    write_state,
+)
 from pserver.resume import checkpoint_dir, unsupported
 from pserver.signals import STOPPED
 from pserver.startup import agree
 from pserver.topology import Role
 
 WRITE_FAILED, STOPPED_EARLY = 1, 2  # bits of a rank's report
+PAUSED = 4  # a learner paused for a periodic checkpoint (pserver.roles.ckpt_periodic)
 NOT_WRITTEN = 74  # exit status when the checkpoint could not be written (EX_IOERR)
+CONTINUE = -1  # not an exit status: a periodic checkpoint was taken (or failed): train on
 
 
 def generation(ctx: Any) -> int:
@@ -53,13 +65,16 @@ def generation(ctx: Any) -> int:
     return 1 if old is None else old.generation + 1
 
 
-def end_checkpoint(ctx: Any, world: Any, driver: Any) -> int:
-    """Write this rank's state, agree, commit on the statistics rank; the exit status."""
+def end_checkpoint(ctx: Any, world: Any, driver: Any, gen: int | None = None) -> int:
+    """Write this rank's state, agree, commit on the statistics rank; the exit status, or
+    :data:`CONTINUE` after a periodic checkpoint (a learner paused, none was signalled).
+    ``gen``: the generation to write (default :func:`generation`)."""
     stopped = bool(getattr(driver, "stopped_early", False))
     if unsupported(ctx.cfg) is not None:
         return 0
     root = checkpoint_dir(ctx.cfg.run.out_dir)
-    gen = generation(ctx)
+    gen = generation(ctx) if gen is None else gen
+    started = time.perf_counter()
     report, error, size = 0, None, 0
     try:
         size = save(driver, root, gen, ctx.rank)
@@ -67,11 +82,19 @@ def end_checkpoint(ctx: Any, world: Any, driver: Any) -> int:
         report, error = WRITE_FAILED, e
     if stopped:
         report |= STOPPED_EARLY
+    if getattr(driver, "paused", False):
+        report |= PAUSED
     statuses = agree(world, report, ctx.waiter())
-    if error is not None:
+    code = STOPPED if (statuses & STOPPED_EARLY).any() else 0
+    if code == 0 and (statuses & PAUSED).any():
+        code = CONTINUE
+    if error is not None and code == CONTINUE:
+        ctx.log.warning("rank %d: %s", ctx.rank, error)  # the statistics rank's line follows
+    elif error is not None:
         print(f"pserver-run: error: rank {ctx.rank}: {error}", file=sys.stderr, flush=True)
     failed = bool((statuses & WRITE_FAILED).any())
-    code = STOPPED if (statuses & STOPPED_EARLY).any() else 0
+    if failed and code == CONTINUE:
+        return periodic_not_written(ctx, gen, statuses)
     if failed:
         if ctx.role is Role.STATS:
             print(
@@ -89,18 +112,43 @@ def end_checkpoint(ctx: Any, world: Any, driver: Any) -> int:
             extra = {
                 "restarts": ctx.resume.restarts if ctx.resume is not None else 0,
                 "elapsed": state.attrs["elapsed"],
-                "stopped": bool(code),
+                "stopped": code == STOPPED,
+                "periodic": code == CONTINUE,
             }
             commit(root, gen, ctx.layout.world_size, ctx.cfg.to_dict(), extra)
         except CheckpointError as e:
+            if code == CONTINUE:
+                return periodic_not_written(ctx, gen, statuses, str(e))
             print(f"pserver-run: error: {e}; the previous checkpoint is kept",
                   file=sys.stderr, flush=True)
             return NOT_WRITTEN
-        ctx.log.info(
-            "checkpoint generation %d committed in %s%s", gen, root,
-            " (stopped by a signal: resume with --resume)" if code else "",
-        )
+        log_cost(ctx, root, gen, time.perf_counter() - started, code)
     return code
+
+
+def log_cost(ctx: Any, root: Any, gen: int, seconds: float, code: int) -> None:
+    """One line per committed generation: its number, size and the seconds from this rank's
+    write to the commit (the slowest rank's write and the agreement included)."""
+    size = sum(p.stat().st_size for p in generation_dir(root, gen).glob("rank-*.h5"))
+    why = {STOPPED: " (stopped by a signal: resume with --resume)", CONTINUE: " (periodic)"}
+    ctx.log.info(
+        "checkpoint generation %d committed in %s: %d bytes, written in %.3f s%s",
+        gen, root, size, seconds, why.get(code, ""),
+    )
+
+
+def periodic_not_written(ctx: Any, gen: int, statuses: Any, why: str = "") -> int:
+    """A periodic checkpoint that some rank could not write (or the statistics rank could not
+    commit): one line, the previous generation stays ``LATEST``, training goes on."""
+    if ctx.role is Role.STATS:
+        ranks = [int(r) for r in (statuses & WRITE_FAILED).nonzero()[0]]
+        cause = why or f"ranks {ranks} could not write theirs"
+        print(
+            f"pserver-run: warning: periodic checkpoint generation {gen} not committed "
+            f"({cause}); the previous checkpoint is kept, training goes on",
+            file=sys.stderr, flush=True,
+        )
+    return CONTINUE
 
 
 def save(driver: Any, root: Any, gen: int, rank: int) -> int:

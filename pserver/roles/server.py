@@ -1,10 +1,11 @@
 """Parameter-server shard: owns some blocks, aggregates gradients by the protocol, answers pulls.
 
 The loop receives headers in arrival order on the control communicator and dispatches them
-through a handler table. This file keeps requests, held pulls and bookkeeping; each block's
+through a handler table. This file keeps requests, pushes and bookkeeping; each block's
 arithmetic, protocol round and epoch count live in ``pserver.shard_block`` (pure), the answer to
-a pull in ``pserver.protocols.pull``, the versions pulls read in ``shard_versions`` and the
-snapshots for the statistics server in ``snapshots``, how blocks are built in ``shard_state``.
+a pull in ``pserver.protocols.pull`` (applied, held pulls and replies in ``shard_pulls``), the
+versions pulls read in ``shard_versions`` and the snapshots for the statistics server in
+``snapshots``, how blocks are built in ``shard_state``.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from pserver.comm.payload import Payloads
 from pserver.comm.waiting import Waiter
 from pserver.config import inject_plan
 from pserver.context import Context
-from pserver.protocols.pull import pull_answer
 from pserver.roles.shard_inject import ShardInjection
+from pserver.roles.shard_pulls import PullAnswers
 from pserver.roles.shard_rows import ShardRows, prediction_summary
 from pserver.roles.shard_state import BlockBuilder, BlockState
 from pserver.roles.shard_versions import summary
@@ -29,15 +30,11 @@ from pserver.roles.snapshots import SNAPSHOT_QUEUE_MAX, snapshot_queue
 from pserver.shard_ckpt import block_state, restore_block
 from pserver.wire import (
     Header,
-    Reply,
     Tag,
     WireError,
     header_buffer,
-    pull_oldest,
     push_iteration,
     push_summed,
-    reply_aux,
-    reply_tag,
 )
 
 __all__ = ["SNAPSHOT_QUEUE_MAX", "BlockState", "ServerShard", "snapshot_queue"]
@@ -54,7 +51,6 @@ class ServerShard:
         self.live = set(ctx.layout.children(None))  # learners, or the top aggregators
         self.out = header_buffer()
         self.shm = ctx.shm if ctx.shm is not None and ctx.rank in ctx.shm.local else None
-        self.ack = np.empty(0, dtype=np.int8)  # shared-window copies are acknowledged empty
         self.zero_copy = self.shm is not None and self.shm.zero_copy(ctx.rank)
         # learners whose payloads go through our window (the others use messages)
         self.window_peers = frozenset(self.shm.local[ctx.rank] if self.shm is not None else ())
@@ -66,11 +62,13 @@ class ServerShard:
         self.predicts = self.cfg.protocol.predict and not self.staged
         build = BlockBuilder(ctx, self.shm, self.staged, len(self.live))
         self.blocks = build.blocks(mine, weights)
-        self.handlers = {Tag.PUSH: self.on_push, Tag.PULL: self.on_pull, Tag.BYE: self.on_bye}
+        self.handlers = {Tag.PUSH: self.on_push, Tag.BYE: self.on_bye}
         self.rows = ShardRows(self.records, self.shard, min(self.blocks), ctx.now)
         self.dropped_after_stop = 0
-        self.bytes_in = self.bytes_out = 0
+        self.bytes_in = 0
         self.inject = ShardInjection(inject_plan(self.cfg), self.shard, self.live)
+        self.pulls = PullAnswers(self)
+        self.handlers[Tag.PULL] = self.pulls.on_pull
         if ctx.resume is not None:
             self.restore(ctx.resume.state)
 
@@ -84,7 +82,7 @@ class ServerShard:
         what = lambda: f"a push or pull from learners {sorted(self.live)}"  # noqa: E731
         while self.live:
             header = inbox.next(
-                what, also=self.released, due=self.next_due(), clock=self.ctx.now
+                what, also=self.pulls.released, due=self.next_due(), clock=self.ctx.now
             )
             if header is not None:
                 handler = self.handlers.get(header.kind)
@@ -94,7 +92,7 @@ class ServerShard:
                 handler(header)
                 self.inject.slow_down(time.perf_counter() - started)
             self.on_time()
-            self.answer_starved()
+            self.pulls.answer_starved()
             self.records.maybe_send()
         inbox.close()
         self.finish()
@@ -111,7 +109,7 @@ class ServerShard:
             if st.arith.protocol.deadline() is not None and st.arith.ready(now):
                 self.update(st)
         for h in self.inject.released(now):
-            self.answer(h)
+            self.pulls.answer(h)
 
     # -- pushes ------------------------------------------------------------------------------
 
@@ -180,126 +178,27 @@ class ServerShard:
                              **row)
         self.after_update(st)
 
-    def released(self) -> bool:
-        """Whether a pull held for lack of a version may go now (polled while idle)."""
-        for st in self.blocks.values():
-            if st.starved:
-                st.versions.collect()
-                if st.versions.pool.may_pin():
-                    return True
-        return False
-
-    def answer_starved(self) -> None:
-        for st in self.blocks.values():
-            if st.starved and st.versions.pool.may_pin():
-                starved, st.starved = st.starved, []
-                for h in starved:
-                    self.answer(h)
-
     def after_update(self, st: BlockState) -> None:
         """Tests at epoch ends (``pserver.epochs``), then the held pulls."""
         for epoch in st.arith.epoch_ends().tested:
             self.send_snapshot(st, epoch)
         if st.snaps.queued:
             st.snaps.advance()
-        self.answer_waiting(st)
-
-    def answer_waiting(self, st: BlockState) -> None:
-        waiting, st.waiting_pulls = st.waiting_pulls, []
-        for h in waiting:
-            self.answer(h)
-
-    # -- pulls -------------------------------------------------------------------------------
-
-    def on_pull(self, h: Header) -> None:
-        learner = self.ctx.layout.index(h.sender)
-        request, delay = self.inject.delay(h, learner, self.ctx.now())
-        if delay > 0.0:  # a rare, large delay of this reply only (PSP-SGD §4.2)
-            self.rows.delay(learner, h.block, request, delay)
-        else:
-            self.answer(h)
-
-    def answer(self, h: Header) -> None:
-        """Rudra's timestamp inquiry: weights go out only when newer than the learner's copy.
-
-        A pull is held while the block is older than the learner asks for (hardsync and PSP:
-        the next update) or while the protocol holds the learner back (SSP's bound). A pull that
-        would read the current version is also held, alone, while serving it would leave no
-        free version for the next update (``VersionPool.may_pin``); a release lets it go.
-        """
-        st = self.blocks[h.block]
-        reads = self.zero_copy and h.sender in self.window_peers  # computes on the version
-        a = st.arith
-        ready = lambda: a.protocol.pull_ready(self.ctx.layout.index(h.sender))  # noqa: E731
-        oldest = pull_oldest(h.aux)
-        answer = pull_answer(
-            stopped=a.done, ts=a.ts, holds=h.timestamp, accepts=oldest, ready=ready, reads=reads
-        )
-        if answer is None:
-            st.waiting_pulls.append(h)
-        elif answer is not Reply.WEIGHTS:
-            self.reply(h.sender, st, answer)
-        else:
-            if self.staged and st.versions.staged_ts != a.ts:
-                self.stage(st)  # once per update, however many learners pull it
-            elif self.predicts and st.versions.served_ts != a.ts:
-                st.versions.produce(a.serve, a.ts)  # f_S(w, M), once per update
-            if not st.versions.can_pin():
-                st.starved.append(h)
-            elif reads:
-                self.lend(h, st)
-            else:
-                self.send_weights(h.sender, st)
-
-    def lend(self, h: Header, st: BlockState) -> None:
-        """Shared-window zero copy: the learner computes on the current version in place, which
-        stays pinned (not written) until its next push."""
-        v, a = st.versions, st.arith
-        v.pin_reader(h.sender)
-        current = a.ts == h.timestamp
-        if not current:
-            self.shm.sync()  # our update is visible before the reply that announces it
-            self.bytes_out += a.w.nbytes
-        self.reply(h.sender, st, Reply.CURRENT if current else Reply.WEIGHTS, v.pool.current)
-
-    def send_weights(self, dest: int, st: BlockState) -> None:
-        """Reply with the current version; the send (or the window copy's acknowledgement)
-        pins that version until it completes."""
-        b, v = st.block.index, st.versions
-        if dest in self.window_peers:  # the learner copies the version out, then acknowledges
-            self.shm.sync()
-            self.reply(dest, st, Reply.WEIGHTS, v.pool.current)
-            req = self.ch.ack.Irecv(self.ack, dest, b)
-        else:
-            self.reply(dest, st, Reply.WEIGHTS)
-            if not self.staged and v.staged_ts != st.arith.ts:  # MPI must not read a busy device
-                self.ctx.backend.synchronize()
-                v.staged_ts = st.arith.ts
-            req = self.ch.bulk.Isend(v.current, dest, b)
-        v.pin_send(req)
-        self.bytes_out += st.arith.w.nbytes
-
-    def stage(self, st: BlockState) -> None:
-        """Copy the served model to a staged host version no send reads (never waits)."""
-        b, a = st.block.index, st.arith
-        st.versions.stage(lambda v: self.payloads.outgoing_version(b, v, a.serve()), a.ts)
-
-    def reply(self, dest: int, st: BlockState, kind: Reply, version: int = 0) -> None:
-        hdr = Header(
-            Tag.REPLY, st.block.index, st.arith.ts, self.ctx.rank, reply_aux(kind, version)
-        )
-        hdr.pack(self.out[0])
-        self.ch.down.Send(self.out[0], dest, reply_tag(st.block.index))
+        self.pulls.answer_waiting(st)
 
     def on_bye(self, h: Header) -> None:
         self.live.discard(h.sender)
         for st in self.blocks.values():
             st.arith.protocol.retire(self.ctx.layout.index(h.sender))
-            # a learner stopped by a signal (pserver.signals) while the others finish their
-            # step: the round they complete no longer waits for it (hardsync's lockstep)
-            if not st.arith.done and st.arith.in_round and st.arith.ready(self.ctx.now()):
+            # a learner stopped by a signal (pserver.signals) or paused for a periodic
+            # checkpoint while the others finish their step: the round they complete no longer
+            # waits for it (hardsync's lockstep); once every learner is gone a round below its
+            # count (softsync's c) can get no more gradients: it closes with those it has, so
+            # no gradient the dump says was taken is lost at the cut
+            a = st.arith
+            if not a.done and a.in_round and (a.ready(self.ctx.now()) or not self.live):
                 self.update(st)
-            self.answer_waiting(st)
+            self.pulls.answer_waiting(st)
 
     # -- checkpoints (pserver.roles.ckpt_end, pserver.shard_ckpt) -----------------------------
 
@@ -338,7 +237,7 @@ class ServerShard:
             dropped_after_stop=self.dropped_after_stop,
             wait_time=self.waiter.waited,
             bytes_in=self.bytes_in,
-            bytes_out=self.bytes_out,
+            bytes_out=self.pulls.bytes_out,
             skipped_snapshots=sum(st.snaps.skipped for st in self.blocks.values()),
         )
         self.records.close(self.waiter)

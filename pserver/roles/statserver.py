@@ -50,8 +50,12 @@ class StatsServer:
         self.tested: set[int] = set()
         self.skipped: set[int] = set()
         resume = ctx.resume
+        attrs = self.attrs()
+        if resume is not None and resume.continued:  # a periodic pause: the same job goes on
+            for key in ("started", "restarts"):
+                del attrs[key]
         self.writer = StatsWriter(
-            ctx.dump_path, self.attrs(), self.cfg.stats.flush_interval, resume is not None
+            ctx.dump_path, attrs, self.cfg.stats.flush_interval, resume is not None
         )
         self.rows: dict[str, int] = {}
         if resume is not None:
@@ -161,6 +165,8 @@ class StatsServer:
         self.sigma_sum, self.sigma_n, self.sigma_max = a["sigma"]
         self.writer.truncate(a["dump_rows"])  # rows after the checkpoint come again
         resume = self.ctx.resume
+        if resume.continued:  # a periodic checkpoint's pause: the same job goes on
+            return
         self.writer.set_attrs(
             "/", restarts=resume.restarts, resumed_generation=resume.manifest.generation
         )
@@ -273,7 +279,10 @@ class StatsServer:
     def skip_untested(self) -> None:
         """At the end: every epoch due a test that got none is a ``skipped_tests`` row."""
         epochs, every = self.cfg.run.epochs, self.cfg.stats.test_every
-        if STOP.requested:  # stopped by a signal: the epochs not reached are not due yet
+        # stopped by a signal, or paused for a periodic checkpoint (its final epoch not
+        # reached): the epochs not reached are not due yet
+        paused = self.cfg.run.checkpoint_interval > 0 and self.cfg.run.epochs not in self.tested
+        if STOP.requested or paused:
             epochs = max(self.tested | self.skipped | set(self.models), default=0)
         due = [e for e in range(1, epochs + 1) if e % every == 0 or e == self.cfg.run.epochs]
         due = [e for e in due if e not in self.tested]

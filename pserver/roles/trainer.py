@@ -56,6 +56,11 @@ class Trainer:
         self.compute_time = self.pull_time = self.push_time = 0.0
         self.consumed = 0  # minibatches of this run's stream computed on (the data server's cut)
         self.stopped_early = False  # a signal ended the run before the shards did
+        # a periodic checkpoint (pserver.roles.ckpt_periodic): pause at the first step
+        # boundary from this time on (ctx.now() seconds), as a signal would stop the run
+        interval = self.cfg.run.checkpoint_interval
+        self.pause_at = ctx.now() + interval if interval > 0 else math.inf
+        self.paused = False
         if getattr(ctx, "resume", None) is not None:
             self.restore(ctx.resume.state)
 
@@ -72,8 +77,9 @@ class Trainer:
         self.report()
 
     def stop_requested(self) -> bool:
-        """SIGTERM/SIGINT seen (``pserver.signals``): stop at this step boundary, where every
-        push of the last step is sent and no minibatch is half computed: the consistent cut."""
+        """SIGTERM/SIGINT seen (``pserver.signals``) or a periodic checkpoint due
+        (``pause_at``): stop at this step boundary, where every push of the last step is sent
+        and no minibatch is half computed: the consistent cut."""
         from pserver.signals import STOP
 
         agreed = getattr(self.ex, "stop_agreed", None)
@@ -81,7 +87,14 @@ class Trainer:
             self.stopped_early = self.stopped_early or agreed()  # (pserver.roles.stop_vote)
         elif STOP.requested:
             self.stopped_early = True
-        return self.stopped_early
+        elif self.pause_due():
+            self.paused = True
+        return self.stopped_early or self.paused
+
+    def pause_due(self) -> bool:
+        """A periodic checkpoint is due, and this part of the run took a step at least (so
+        every part makes progress, however short ``run.checkpoint_interval``)."""
+        return self.pause_at < math.inf and self.consumed > 0 and self.ctx.now() >= self.pause_at
 
     # -- checkpoints (pserver.roles.ckpt_end) ---------------------------------------------------
 

@@ -16,7 +16,9 @@ schema (``docs/stats.md``) it relies on:
 * the end-of-run rows agree with the streams: a shard's ``updates`` is its highest block
   timestamp; its first block (whose decisions the ``updates``/``gradients`` rows record) ends
   at the shard's last update with as many applied gradients as the rows; a learner's
-  ``minibatches`` equals its ``train`` rows, numbered 0, 1, …;
+  ``minibatches`` equals its ``train`` rows, numbered 0, 1, …; a resumed run (or one with
+  periodic checkpoints) has one such row per part, and its last one, whose counts are the
+  run's so far, is the one held to the streams (:func:`last_rows`);
 * training reached the configured epochs (counted as ``run.epoch_basis`` says);
 * tests are at increasing epochs with errors in [0, 1] and finite losses;
 * PP-ASGD (``predictions/``, ``prediction_errors/``): a shard's prediction rows are its updates,
@@ -122,6 +124,18 @@ def _gradients_match_updates(g: dict, up: dict, applied: np.ndarray) -> Problems
     return out
 
 
+def last_rows(group: dict, *keys: str) -> dict:
+    """``group``'s columns cut to the last row of each ``keys`` value: the end-of-run rows of a
+    run in parts (``--resume``, ``run.checkpoint_interval``) come once per part, and their
+    counts (minibatches, timestamps, gradients applied) are cumulative."""
+    if not group or any(k not in group for k in keys):
+        return group
+    ids = list(zip(*(group[k].tolist() for k in keys), strict=True))
+    last = {key: i for i, key in enumerate(ids)}
+    keep = np.array(sorted(last.values()), dtype=np.int64)
+    return {name: col[keep] for name, col in group.items()}
+
+
 def _end_rows(dump: Dump) -> Problems:
     """The end-of-run rows against the streams. A shard's ``updates``/``gradients`` rows are
     those of its first block (docs/stats.md); its other blocks see the same pushes but may
@@ -129,7 +143,9 @@ def _end_rows(dump: Dump) -> Problems:
     freshness is per block), so only the first block is held to the rows, and ``servers/updates``
     to the highest block timestamp."""
     out: Problems = []
-    up, servers, blocks = dump.group("updates"), dump.group("servers"), dump.group("blocks")
+    up = dump.group("updates")
+    servers = last_rows(dump.group("servers"), "shard")
+    blocks = last_rows(dump.group("blocks"), "block")
     last = {int(s): int(up["timestamp"][up["shard"] == s].max())
             for s in np.unique(up.get("shard", []))}
     if not blocks:
@@ -157,7 +173,7 @@ def _end_rows(dump: Dump) -> Problems:
 
 def _learners(dump: Dump) -> Problems:
     out: Problems = []
-    train, learners = dump.group("train"), dump.group("learners")
+    train, learners = dump.group("train"), last_rows(dump.group("learners"), "learner")
     for lr, mb in zip(learners.get("learner", []), learners.get("minibatches", []), strict=True):
         steps = np.sort(train["step"][train["learner"] == lr]) if train else np.array([])
         if len(steps) != mb or not np.array_equal(steps, np.arange(len(steps))):
@@ -174,7 +190,8 @@ def _span(steps: np.ndarray) -> str:
 
 def _epochs(dump: Dump) -> Problems:
     cfg = dump.config
-    run, data, blocks = cfg.get("run", {}), cfg.get("data", {}), dump.group("blocks")
+    run, data = cfg.get("run", {}), cfg.get("data", {})
+    blocks = last_rows(dump.group("blocks"), "block")
     train_size = _train_size(dump)
     if not blocks or "epochs" not in run or train_size is None:
         return []

@@ -240,15 +240,22 @@ def _updates(dump: Dump) -> dict[str, Any]:
 
 
 def _learners(dump: Dump) -> dict[int, dict[str, Any]]:
-    """Per-learner totals: the end-of-run ``learners`` rows, else sums over ``train`` rows."""
+    """Per-learner totals: the end-of-run ``learners`` rows, else sums over ``train`` rows.
+
+    A run in parts (``--resume``, ``run.checkpoint_interval``) has one row per learner and
+    part: the counts are cumulative (the last row's), the times are the part's (summed)."""
     table = dump.group("learners")
     if dump.rows("learners"):
         wanted = ("minibatches", "compute_time", "wait_time", "samples", "cpu_time", "run_time")
         keys = [k for k in wanted if k in table]
-        return {
-            int(table["learner"][i]): {k: table[k][i].item() for k in keys}
-            for i in range(dump.rows("learners"))
-        }
+        out: dict[int, dict[str, Any]] = {}
+        for i in range(dump.rows("learners")):
+            row = {k: table[k][i].item() for k in keys}
+            before = out.get(int(table["learner"][i]), {})
+            for k in set(keys) & {"compute_time", "wait_time", "cpu_time", "run_time"}:
+                row[k] += before.get(k, 0.0)
+            out[int(table["learner"][i])] = row
+        return out
     train = dump.group("train")
     out = {}
     if dump.rows("train") and "learner" in train:

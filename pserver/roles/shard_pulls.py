@@ -1,0 +1,133 @@
+"""A shard's pull answers: the one pull-answer rule applied, and the replies that carry weights.
+
+:class:`PullAnswers` is the part of :class:`~pserver.roles.server.ServerShard` that answers
+pulls (split from it by job, behaviour unchanged): whether a pull goes now, waits for the next
+update (``waiting_pulls``) or for a free version (``starved``), and how weights travel (a send
+of the current or staged version, a shared-window copy or a zero-copy loan). The rule itself is
+``pserver.protocols.pull.pull_answer``; the versions are ``shard_versions``'.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pserver.protocols.pull import pull_answer
+from pserver.roles.shard_state import BlockState
+from pserver.wire import Header, Reply, Tag, header_buffer, pull_oldest, reply_aux, reply_tag
+
+
+class PullAnswers:
+    """Held pulls and replies of a shard (see the module docstring); ``shard`` is the
+    :class:`~pserver.roles.server.ServerShard` whose blocks, transport and injection it reads."""
+
+    def __init__(self, shard: Any) -> None:
+        self.ctx, self.ch, self.blocks = shard.ctx, shard.ch, shard.blocks
+        self.inject, self.rows, self.payloads = shard.inject, shard.rows, shard.payloads
+        self.shm, self.zero_copy, self.window_peers = shard.shm, shard.zero_copy, shard.window_peers
+        self.staged, self.predicts = shard.staged, shard.predicts
+        self.out = header_buffer()
+        self.ack = np.empty(0, dtype=np.int8)  # shared-window copies are acknowledged empty
+        self.bytes_out = 0
+
+    def released(self) -> bool:
+        """Whether a pull held for lack of a version may go now (polled while idle)."""
+        for st in self.blocks.values():
+            if st.starved:
+                st.versions.collect()
+                if st.versions.pool.may_pin():
+                    return True
+        return False
+
+    def answer_starved(self) -> None:
+        for st in self.blocks.values():
+            if st.starved and st.versions.pool.may_pin():
+                starved, st.starved = st.starved, []
+                for h in starved:
+                    self.answer(h)
+
+    def answer_waiting(self, st: BlockState) -> None:
+        waiting, st.waiting_pulls = st.waiting_pulls, []
+        for h in waiting:
+            self.answer(h)
+
+    def on_pull(self, h: Header) -> None:
+        learner = self.ctx.layout.index(h.sender)
+        request, delay = self.inject.delay(h, learner, self.ctx.now())
+        if delay > 0.0:  # a rare, large delay of this reply only (PSP-SGD §4.2)
+            self.rows.delay(learner, h.block, request, delay)
+        else:
+            self.answer(h)
+
+    def answer(self, h: Header) -> None:
+        """Rudra's timestamp inquiry: weights go out only when newer than the learner's copy.
+
+        A pull is held while the block is older than the learner asks for (hardsync and PSP:
+        the next update) or while the protocol holds the learner back (SSP's bound). A pull that
+        would read the current version is also held, alone, while serving it would leave no
+        free version for the next update (``VersionPool.may_pin``); a release lets it go.
+        """
+        st = self.blocks[h.block]
+        reads = self.zero_copy and h.sender in self.window_peers  # computes on the version
+        a = st.arith
+        ready = lambda: a.protocol.pull_ready(self.ctx.layout.index(h.sender))  # noqa: E731
+        oldest = pull_oldest(h.aux)
+        answer = pull_answer(
+            stopped=a.done, ts=a.ts, holds=h.timestamp, accepts=oldest, ready=ready, reads=reads
+        )
+        if answer is None:
+            st.waiting_pulls.append(h)
+        elif answer is not Reply.WEIGHTS:
+            self.reply(h.sender, st, answer)
+        else:
+            if self.staged and st.versions.staged_ts != a.ts:
+                self.stage(st)  # once per update, however many learners pull it
+            elif self.predicts and st.versions.served_ts != a.ts:
+                st.versions.produce(a.serve, a.ts)  # f_S(w, M), once per update
+            if not st.versions.can_pin():
+                st.starved.append(h)
+            elif reads:
+                self.lend(h, st)
+            else:
+                self.send_weights(h.sender, st)
+
+    def lend(self, h: Header, st: BlockState) -> None:
+        """Shared-window zero copy: the learner computes on the current version in place, which
+        stays pinned (not written) until its next push."""
+        v, a = st.versions, st.arith
+        v.pin_reader(h.sender)
+        current = a.ts == h.timestamp
+        if not current:
+            self.shm.sync()  # our update is visible before the reply that announces it
+            self.bytes_out += a.w.nbytes
+        self.reply(h.sender, st, Reply.CURRENT if current else Reply.WEIGHTS, v.pool.current)
+
+    def send_weights(self, dest: int, st: BlockState) -> None:
+        """Reply with the current version; the send (or the window copy's acknowledgement)
+        pins that version until it completes."""
+        b, v = st.block.index, st.versions
+        if dest in self.window_peers:  # the learner copies the version out, then acknowledges
+            self.shm.sync()
+            self.reply(dest, st, Reply.WEIGHTS, v.pool.current)
+            req = self.ch.ack.Irecv(self.ack, dest, b)
+        else:
+            self.reply(dest, st, Reply.WEIGHTS)
+            if not self.staged and v.staged_ts != st.arith.ts:  # MPI must not read a busy device
+                self.ctx.backend.synchronize()
+                v.staged_ts = st.arith.ts
+            req = self.ch.bulk.Isend(v.current, dest, b)
+        v.pin_send(req)
+        self.bytes_out += st.arith.w.nbytes
+
+    def stage(self, st: BlockState) -> None:
+        """Copy the served model to a staged host version no send reads (never waits)."""
+        b, a = st.block.index, st.arith
+        st.versions.stage(lambda v: self.payloads.outgoing_version(b, v, a.serve()), a.ts)
+
+    def reply(self, dest: int, st: BlockState, kind: Reply, version: int = 0) -> None:
+        hdr = Header(
+            Tag.REPLY, st.block.index, st.arith.ts, self.ctx.rank, reply_aux(kind, version)
+        )
+        hdr.pack(self.out[0])
+        self.ch.down.Send(self.out[0], dest, reply_tag(st.block.index))

@@ -1,0 +1,191 @@
+"""Periodic checkpoints (``run.checkpoint_interval``) on real mpiexec jobs (docs/checkpoints.md).
+
+Every job runs under a hard timeout that kills its process group (tests/mpirun.py, or the
+watchdog below for the job that is killed); the kill is sent once ``LATEST`` names a periodic
+generation (an observable condition), never after a sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from pserver import launch
+from pserver.checkpoint import latest, rank_file, read_state
+from pserver.stats.check import check_dump
+from pserver.stats.reader import load_dump
+from tests.mpirun import QUICKSTART, ROOT, final_weights, run_job
+
+pytestmark = pytest.mark.mpi
+
+LAMBDA1 = 4  # server, stats, data, one learner
+TIMEOUT = 180.0
+# about 4 s of training (255 minibatches of 20 ms): several pauses of a 0.5 s interval
+SLOW = ["stats.progress=false", "run.epochs=3", "inject.compute_time=0.02",
+        "stats.flush_interval=0.1"]  # fmt: skip
+PERIODIC = "run.checkpoint_interval=0.5"
+
+
+def job(out: Path, *overrides: str, resume: bool = False, n: int = LAMBDA1):
+    where = ["--resume", str(out)] if resume else [f"run.out_dir={out}"]
+    return run_job(n, [str(QUICKSTART), *where, *SLOW, *overrides], TIMEOUT)
+
+
+def lines(text: str, prefix: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.startswith(prefix)]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> np.ndarray:
+    """The final weights of the run without any checkpoint but its end's."""
+    out = tmp_path_factory.mktemp("whole")
+    res = job(out)
+    assert res.returncode == 0, res.output
+    return final_weights(out)
+
+
+def periodic_generation(ckpt: Path) -> int | None:
+    """The committed generation when ``LATEST`` names a periodic one, else None."""
+    m = latest(ckpt)  # LATEST is replaced atomically: never read half written
+    return m.generation if m is not None and m.extra.get("periodic") else None
+
+
+def kill_after_a_periodic_checkpoint(out: Path) -> int:
+    """Start a periodic job, SIGKILL its whole process group as soon as ``LATEST`` names a
+    periodic generation, and return that generation (the kill may land during a later write)."""
+    args = [str(QUICKSTART), f"run.out_dir={out}", *SLOW, PERIODIC]
+    cmd = launch.mpi_command(LAMBDA1, [*launch.pserver_cli(), *args], launch.launcher())
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"), text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    killer = threading.Timer(TIMEOUT, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    killer.daemon = True
+    killer.start()
+    seen = None
+    try:
+        while seen is None and proc.poll() is None and killer.is_alive():
+            seen = periodic_generation(out / "checkpoint")
+            time.sleep(0.02)  # polls an observable condition: the committed manifest
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        text, _ = proc.communicate()
+    finally:
+        killer.cancel()
+    assert seen is not None, (
+        f"no periodic checkpoint was committed (exit {proc.returncode}):\n{text}"
+    )
+    assert proc.returncode != 0, "the job ended before the kill: nothing was interrupted"
+    return seen
+
+
+def test_lambda1_killed_after_a_periodic_checkpoint_resumes_bit_identical(tmp_path, uninterrupted):
+    """SIGKILL (no checkpoint of its own) once a periodic generation is committed: ``--resume``
+    continues from the last committed one and ends with the uninterrupted run's weights; the
+    resumed dump is consistent (one train row per minibatch, the end rows of every part)."""
+    a = tmp_path / "a"
+    gen = kill_after_a_periodic_checkpoint(a)
+    manifest = latest(a / "checkpoint")
+    assert manifest.generation >= gen >= 1
+    for r in range(LAMBDA1):  # every rank's file of the committed generation reads back
+        read_state(rank_file(a / "checkpoint", manifest.generation, r))
+    resumed = job(a, PERIODIC, resume=True)
+    assert resumed.returncode == 0, resumed.output
+    assert np.array_equal(final_weights(a), uninterrupted)
+    dump = load_dump(a / "stats.h5")
+    assert check_dump(dump) == []
+    with h5py.File(a / "stats.h5", "r") as f:
+        steps = f["train/step"][()]
+        assert list(steps) == list(range(len(steps)))  # no row lost, none twice
+        assert f.attrs["restarts"] == 1  # the periodic parts are not restarts
+        assert list(f["test/epoch"][()]) == [1, 2, 3]
+    assert latest(a / "checkpoint").extra["periodic"] is False  # the end's own generation
+
+
+def test_periodic_generations_that_cannot_be_written_keep_the_previous_one(tmp_path, uninterrupted):
+    """Files where generations 2.. go (as a full disk would): each periodic one is reported in
+    one warning line and training goes on, the run's end checkpoint fails with exit 74, and
+    LATEST still names generation 1, from which ``--resume`` ends bit-identical."""
+    a = tmp_path / "a"
+    ckpt = a / "checkpoint"
+    ckpt.mkdir(parents=True)
+    blockers = [ckpt / f"g{g:06d}" for g in range(2, 400)]
+    for b in blockers:
+        b.write_text("in the way")
+    res = job(a, PERIODIC)
+    assert res.returncode == 74, res.output
+    warned = lines(res.output, "pserver-run: warning: periodic checkpoint generation")
+    assert len(warned) >= 1 and all("not committed" in w for w in warned), res.output
+    errs = lines(res.output, "pserver-run: error:")  # the end's checkpoint: as without periodic
+    assert any("not committed" in e for e in errs), res.output
+    manifest = latest(ckpt)
+    assert manifest.generation == 1 and manifest.extra["periodic"] is True
+    with h5py.File(a / "stats.h5", "r") as f:
+        assert list(f["test/epoch"][()]) == [1, 2, 3]  # training went on to the end
+    for b in blockers:
+        b.unlink()
+    resumed = job(a, resume=True)
+    assert resumed.returncode == 0, resumed.output
+    assert np.array_equal(final_weights(a), uninterrupted)
+    assert check_dump(load_dump(a / "stats.h5")) == []
+
+
+def test_periodic_run_is_bit_identical_and_its_dump_consistent(tmp_path, uninterrupted):
+    """Pausing for checkpoints changes nothing for λ = 1: same final weights; one train row per
+    minibatch; the dump checks consistent; LATEST is the end's generation, after periodic ones."""
+    a = tmp_path / "a"
+    res = job(a, PERIODIC)
+    assert res.returncode == 0, res.output
+    assert np.array_equal(final_weights(a), uninterrupted)
+    costs = lines(res.output.replace("] INFO ", "]\n"), "checkpoint generation")
+    assert len(costs) >= 2 and "(periodic)" in costs[0], res.output  # one line each: gen, bytes, s
+    assert latest(a / "checkpoint").generation == len(costs)
+    assert check_dump(load_dump(a / "stats.h5")) == []
+
+
+def test_bad_interval_and_unsupported_configs_are_refused_with_one_line(tmp_path):
+    res = job(tmp_path / "a", "run.checkpoint_interval=-1")
+    assert res.returncode == 2, res.output
+    errs = lines(res.output, "pserver-run: error:")
+    assert len(errs) == 1 and "run.checkpoint_interval" in errs[0], res.output
+    res = job(tmp_path / "b", PERIODIC, "cluster.tree_fanout=2", "cluster.servers=1", n=5)
+    assert res.returncode == 2, res.output
+    errs = lines(res.output, "pserver-run: error:")
+    assert len(errs) == 1 and "not supported with cluster.tree_fanout" in errs[0], res.output
+    assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        ("protocol.name=hardsync",),
+        ("protocol.name=softsync", "protocol.n=2", "comm.mode=thread"),
+        ("protocol.name=psp", "protocol.c=2", "protocol.tau1=0.01"),
+        ("protocol.name=ssp",),
+    ],
+)
+def test_lambda4_periodic_runs_pause_end_and_keep_a_consistent_dump(tmp_path, setting):
+    """λ = 4, two shards: learners pause at different steps; each pause must end (before
+    ``PartialPush.retire`` a psp round below c waited forever for the paused learners, with the
+    last one's pull held), and a round open at the pause closes with the gradients it has (a
+    dropped softsync round left gradient rows of updates that never took them)."""
+    a = tmp_path / "a"
+    res = run_job(
+        8,
+        [str(QUICKSTART), f"run.out_dir={a}", *SLOW, PERIODIC, "cluster.servers=2",
+         "blocks.count=2", "inject.compute_time=0.01", *setting],
+        TIMEOUT,
+    )  # fmt: skip
+    assert res.returncode == 0, res.output
+    assert "(periodic)" in res.output, res.output
+    assert check_dump(load_dump(a / "stats.h5")) == []
+    with h5py.File(a / "stats.h5", "r") as f:
+        assert list(f["test/epoch"][()]) == [1, 2, 3]
