@@ -189,3 +189,35 @@ def test_lambda4_periodic_runs_pause_end_and_keep_a_consistent_dump(tmp_path, se
     assert check_dump(load_dump(a / "stats.h5")) == []
     with h5py.File(a / "stats.h5", "r") as f:
         assert list(f["test/epoch"][()]) == [1, 2, 3]
+
+
+#: the lockstep families (every learner must pause at one boundary: pserver.roles.stop_vote)
+LOCKSTEP = {
+    "sync": ["protocol.name=sync"],
+    "hybrid": ["protocol.name=hybrid", "comm.mode=thread"],
+    "bmuf": ["protocol.name=bmuf", "protocol.tau=3", "protocol.block_momentum=0.5",
+             "cluster.servers=1"],
+    "ma": ["protocol.name=ma", "protocol.tau=4", "cluster.servers=1"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(LOCKSTEP))
+def test_lockstep_learners_pause_together_and_end_as_without_pauses(tmp_path, name):
+    """λ = 3 SYNC/HYBRID/BMUF/MA with a 0.5 s interval: the learners' pause goes through their
+    stop vote, so all pause at the same step (block) and the run goes on (before, a learner
+    acted on its own clock only on the PS family: these runs were never paused); the paused
+    run ends with the same final weights as the run without pauses, since a lockstep cut drops
+    nothing and the draws are replayed in their places (BMUF/MA: λ = 1, whose draws do not
+    depend on timing)."""
+    servers = 1 if "cluster.servers=1" in LOCKSTEP[name] else 0
+    learners = 1 if servers else 3
+    n = 2 + servers + learners
+    plain, paused = tmp_path / "plain", tmp_path / "paused"
+    res = job(plain, *LOCKSTEP[name], n=n)
+    assert res.returncode == 0, res.output
+    res = job(paused, *LOCKSTEP[name], PERIODIC, n=n)
+    assert res.returncode == 0, res.output
+    costs = lines(res.output.replace("] INFO ", "]\n"), "checkpoint generation")
+    assert len(costs) >= 2 and "(periodic)" in costs[0], res.output
+    assert np.array_equal(final_weights(paused), final_weights(plain))
+    assert check_dump(load_dump(paused / "stats.h5")) == []

@@ -27,6 +27,11 @@ posted at the last boundary (BMUF's shards end the run in the pull that follows 
 completed by :meth:`StopVote.finish`, which every learner reaches at the end of its loop.
 Waits use the Waiter's back-off and stall report (no blocking MPI call, no spinning); the
 communicator is duplicated with ``Idup``, waited the same way at the first vote.
+
+A periodic checkpoint (``run.checkpoint_interval``, ``pserver.roles.ckpt_periodic``) pauses
+the learners through the same vote: a learner whose pause is due votes :data:`PAUSE`, one that
+saw a signal :data:`SIGNAL` (the larger: a signal ends the run even when a pause was due too),
+and every learner acts on the maximum (:attr:`StopVote.decided`), so all pause at one boundary.
 """
 
 from __future__ import annotations
@@ -39,9 +44,14 @@ from mpi4py import MPI
 from pserver.comm.waiting import Waiter
 from pserver.signals import STOP
 
+#: a learner's vote (the reduction keeps the largest)
+GO, PAUSE, SIGNAL = 0, 1, 2
+
 
 class StopVote:
-    """One learner's side of the lagged vote (see the module docstring)."""
+    """One learner's side of the lagged vote (see the module docstring). ``pause_wanted`` is
+    set by the learner's loop before each boundary (a periodic checkpoint is due);
+    ``decided`` is what stopped the learners (:data:`PAUSE` or :data:`SIGNAL`)."""
 
     def __init__(self, comm: MPI.Comm, waiter: Waiter) -> None:
         self.comm, self.dup_req = comm.Idup()  # collective: every learner builds its exchange
@@ -50,6 +60,8 @@ class StopVote:
         self.result = np.zeros(1, np.int32)
         self.pending: MPI.Request | None = None
         self.votes = 0  # votes posted (for the stall report)
+        self.pause_wanted = False
+        self.decided = GO
 
     def boundary(self, another: bool) -> bool:
         """At a boundary every learner passes: whether to stop here (the same on every
@@ -59,16 +71,22 @@ class StopVote:
             self.waiter.wait(self.pending, self.what())
             self.pending = None
             if self.result[0]:
+                self.decided = int(self.result[0])
                 return True
         if another:
             self.post()
         return False
 
+    @property
+    def paused(self) -> bool:
+        """The learners stopped to pause (a periodic checkpoint), not for a signal."""
+        return self.decided == PAUSE
+
     def post(self) -> None:
         if self.dup_req is not None:
             self.waiter.wait(self.dup_req, "the learners' communicator for the stop vote")
             self.dup_req = None
-        self.flag[0] = int(STOP.requested)
+        self.flag[0] = SIGNAL if STOP.requested else PAUSE if self.pause_wanted else GO
         self.pending = self.comm.Iallreduce(self.flag, self.result, op=MPI.MAX)
         self.votes += 1
 

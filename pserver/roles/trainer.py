@@ -83,8 +83,13 @@ class Trainer:
         from pserver.signals import STOP
 
         agreed = getattr(self.ex, "stop_agreed", None)
+        vote = getattr(self.ex, "vote", None)
         if callable(agreed):  # lockstep learners stop at one boundary, the same on all of them
-            self.stopped_early = self.stopped_early or agreed()  # (pserver.roles.stop_vote)
+            if vote is not None:  # (pserver.roles.stop_vote): a due pause is a vote too
+                vote.pause_wanted = self.pause_due()
+            if agreed():
+                self.paused = vote.paused
+                self.stopped_early = not self.paused
         elif STOP.requested:
             self.stopped_early = True
         elif self.pause_due():
