@@ -285,7 +285,7 @@ def local_steps_exchange() -> type:
 
 
 def gossip_exchange() -> type:
-    from pserver.roles.gossip import GossipExchange
+    from pserver.roles.gossip_exchange import GossipExchange
 
     return GossipExchange
 
