@@ -28,6 +28,7 @@ from pserver.checkpoint import (
     rank_file,
 )
 from pserver.config import Config, pull_timestamp
+from pserver.prediction_ckpt import check_predictor
 from pserver.strategies import lookup
 from pserver.strategies.base import PARAMETER_SERVER
 
@@ -145,6 +146,8 @@ def check_state(ctx: Any) -> None:
                 expect(state, f"opt{b.index}.{name}", (b.size,), dtype, where)
             if str(b.index) not in state.attrs.get("blocks", {}):
                 raise CheckpointError(f"{where}: the checkpoint lacks block {b.index}'s state")
+            if ctx.cfg.protocol.predict:  # PP-ASGD's predictor (pserver.prediction_ckpt)
+                check_predictor(ctx.cfg, state, b, where)
     elif role is Role.DATA:
         sampler = state.attrs.get("sampler", {})
         batch, n = ctx.cfg.data.batch_size, ctx.train_size

@@ -67,6 +67,7 @@ PURE = (
     "pserver.local_rule",
     "pserver.bmuf_block",
     "pserver.gossip",  # issue 12: ADPSGD's ring schedule, goodbyes, vector clock
+    "pserver.prediction_ckpt",  # issue 14: PP-ASGD's predictor in a checkpoint
 )
 IMPURE = ("mpi4py", "pserver.comm", "pserver.roles")
 
