@@ -1,11 +1,15 @@
 """What a checkpoint supports, and ``--resume RUN_DIR``: read and check it before training.
 
 Checkpoints cover the flat parameter-server family (hardsync, n-softsync, async, SSP, PSP; one
-or more shards, ``comm.mode`` blocking, thread or nonblocking, messages transport). Every other
+or more shards, ``comm.mode`` blocking, thread or nonblocking, messages transport), with or
+without PP-ASGD's prediction layer (``protocol.predict``: the shards save their predictors,
+``pserver.prediction_ckpt``), and ADPSGD of the gossip family (``STRATEGIES``: the learners
+save their models, optimizer state and clocks, ``pserver.roles.gossip_ckpt``). Every other
 combination is refused by :func:`unsupported`'s one line when a checkpoint is asked for
 (``--resume``), and such a run ends a SIGTERM at once, without a checkpoint (the signal's
 default action). A strategy of another family supports checkpoints once its roles have
-``state()`` / ``restore()`` (see ``pserver.roles.ckpt_end``) and it is listed in ``FAMILIES``.
+``state()`` / ``restore()`` (see ``pserver.roles.ckpt_end``) and it is listed in ``FAMILIES``
+(a whole family) or ``STRATEGIES`` (one strategy of a family not listed).
 
 :func:`open_resume` runs inside ``prepare`` on every rank, so any problem (no checkpoint, a
 corrupt or truncated file, another rank count, a config that changed a key outside
@@ -28,12 +32,15 @@ from pserver.checkpoint import (
     rank_file,
 )
 from pserver.config import Config, pull_timestamp
+from pserver.gossip_ckpt import check_learner
 from pserver.prediction_ckpt import check_predictor
 from pserver.strategies import lookup
 from pserver.strategies.base import PARAMETER_SERVER
 
 CKPT_DIR = "checkpoint"
 FAMILIES = frozenset({PARAMETER_SERVER})  # families whose every role has state()/restore()
+#: strategies whose roles have state()/restore() in a family not (yet) in ``FAMILIES``
+STRATEGIES = frozenset({"adpsgd"})
 
 
 def checkpoint_dir(out_dir: str | Path) -> Path:
@@ -43,7 +50,7 @@ def checkpoint_dir(out_dir: str | Path) -> Path:
 def unsupported(cfg: Config) -> str | None:
     """Why this config cannot be checkpointed (None when it can)."""
     strategy = lookup(cfg.protocol.name)
-    if strategy.family not in FAMILIES:
+    if strategy.family not in FAMILIES and strategy.name not in STRATEGIES:
         return f"protocol.name = {cfg.protocol.name!r} ({strategy.family} family)"
     if cfg.cluster.tree_fanout > 0:
         return f"cluster.tree_fanout = {cfg.cluster.tree_fanout} (aggregator tree)"
@@ -63,8 +70,9 @@ def refuse_unsupported(cfg: Config, what: str) -> None:
     if why is not None:
         raise CheckpointError(
             f"{what}: checkpoints are not supported with {why}; they cover the flat "
-            "parameter-server strategies (hardsync, softsync, async, ssp, psp) over "
-            'comm.transport = "messages" without trees or partial pulling (docs/checkpoints.md)'
+            "parameter-server strategies (hardsync, softsync, async, ssp, psp, with or without "
+            'protocol.predict) over comm.transport = "messages" without trees or partial '
+            "pulling, and adpsgd (docs/checkpoints.md)"
         )
 
 
@@ -161,3 +169,8 @@ def check_state(ctx: Any) -> None:
             raise CheckpointError(f"{where}: the replayed minibatches are missing or malformed")
     elif role is Role.STATS and not ctx.dump_path.is_file():
         raise CheckpointError(f"{where}: the dump {ctx.dump_path} to continue is missing")
+    if role is Role.LEARNER and ctx.cfg.protocol.name == "adpsgd":  # pserver.gossip_ckpt
+        dtype = np.dtype(ctx.model.dtype)
+        names = list(make_updater(ctx.cfg.optim, 1, np, dtype).state_arrays())
+        learners = len(ctx.layout.learners)
+        check_learner(state, ctx.model.n_params, dtype, names, learners, where)

@@ -35,8 +35,14 @@ def steps(b: ShardBlock, n: int, seed: int) -> list[tuple]:
         applied = b.apply(b.commit())
         b.epoch_ends()
         probe = applied.probe
-        seen.append((applied.steps, b.predictor.mean.value, b.serve().tobytes(),
-                     None if probe is None else (probe.origin, probe.horizon, probe.error)))
+        seen.append(
+            (
+                applied.steps,
+                b.predictor.mean.value,
+                b.serve().tobytes(),
+                None if probe is None else (probe.origin, probe.horizon, probe.error),
+            )
+        )
     return seen
 
 
@@ -45,8 +51,7 @@ def test_a_predicted_block_restored_mid_probe_continues_as_the_uninterrupted_one
     head = steps(cut, 7, seed=1)  # a probe every 3 updates: the one started at 6 is in flight
     assert cut.predictor.probe.origin == 6 and cut.predictor.mean.value > 0
     arrays, attrs = block_state(cut, 2, np.array)
-    assert set(arrays) == set(expected_arrays(cut, 2)) == {"w2", "opt2.velocity",
-                                                           *probe_arrays(2)}
+    assert set(arrays) == set(expected_arrays(cut, 2)) == {"w2", "opt2.velocity", *probe_arrays(2)}
     write_state(tmp_path / "r.h5", arrays, {"blocks": {"2": attrs}})  # through the file
     saved = read_state(tmp_path / "r.h5")
     resumed = block()

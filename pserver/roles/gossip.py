@@ -65,13 +65,15 @@ class Gossip:
 
     ``apply(w, g, step)`` is the learner's local update rule. ``stage`` is None or a
     :class:`~pserver.backend.StagingBuffers` with two buffers of ``w.size`` elements.
+    ``start``: start the engine now (False: its owner calls ``engine.start()`` later, after
+    restoring ``w`` and the clock from a checkpoint, before any exchange can be answered).
     """
 
     def __init__(
         self, comm: MPI.Comm, xp: Any, waiter: Waiter, w: Any, apply: Apply,
         *, threaded: bool, stage: Any = None, synchronize: Callable[[], None] = lambda: None,
         now: Callable[[], float] = time.perf_counter,
-        activate: Callable[[], None] = lambda: None,
+        activate: Callable[[], None] = lambda: None, start: bool = True,
     ) -> None:  # fmt: skip
         self.comm, self.xp, self.waiter, self.apply = comm, xp, waiter, apply
         self.me, n = comm.Get_rank(), comm.Get_size()
@@ -102,7 +104,8 @@ class Gossip:
         self.goodbyes = Goodbyes(self.ring, self.me) if self.role == RECEIVER else None
         self.serving: tuple[int, str, list[MPI.Request], float] | None = None
         self.t0 = time.perf_counter()
-        self.engine.start()
+        if start:  # else the owner starts it once it has restored a checkpoint's state
+            self.engine.start()
 
     # -- the main thread -----------------------------------------------------------------------
 

@@ -15,7 +15,8 @@ class GossipExchange:
     ``weights()`` is a snapshot of the learner's model, ``gradient(g)`` the local update
     (the parameter-server path's rule, schedule and weight decay, applied here) followed by
     the exchange, ``finish()`` the goodbyes, then the average model for the statistics server
-    (``pserver.roles.gossip_model``)."""
+    (``pserver.roles.gossip_model``); ``state()`` / ``restore()`` its checkpoint
+    (``pserver.roles.gossip_ckpt``)."""
 
     freeze_after_weights = False
     relayed_bytes = 0  # weights forwarded for others: none (an exchange is one's own model)
@@ -34,7 +35,8 @@ class GossipExchange:
         self.have: dict[int, int] = {}
         self.records: Any = None
         # scale 1: one's own gradient
-        rule = LocalUpdate(cfg.optim, weights.size, xp, weights.dtype)
+        self.rule = rule = LocalUpdate(cfg.optim, weights.size, xp, weights.dtype)
+        self.backend = ctx.backend
         lam, batch, n_train = ctx.learner_comm.Get_size(), cfg.data.batch_size, ctx.train_size
 
         def apply(w: Any, g: Any, step: int) -> None:
@@ -48,6 +50,7 @@ class GossipExchange:
             ctx.learner_comm, xp, self.waiter, weights, apply,
             threaded=True, stage=stage, synchronize=ctx.backend.synchronize,  # every comm.mode
             now=ctx.now, activate=ctx.backend.activate,
+            start=getattr(ctx, "resume", None) is None,  # resumed: once restored (restore())
         )  # fmt: skip
         self.average = GossipModel(ctx, weights, self.gossip.lock)
 
@@ -80,6 +83,22 @@ class GossipExchange:
         self.gossip.finish()  # goodbyes first: the final average is then the mean of the models
         self.flush_rows()
         self.average.finish(self.gossip.w, self.gossip.clock.own)
+
+    def stopped(self) -> None:
+        """The trainer stopped at a signal: ``finish`` cuts the epoch averages for a resume."""
+        self.average.stopped = True
+
+    def state(self) -> Any:
+        from pserver.roles.gossip_ckpt import exchange_state
+
+        return exchange_state(self)
+
+    def restore(self, state: Any) -> None:
+        """The checkpoint's model, rule state and clock, then the engine starts answering."""
+        from pserver.roles.gossip_ckpt import restore_exchange
+
+        restore_exchange(self, state)
+        self.gossip.engine.start()
 
     def flush_rows(self) -> None:
         rows = self.gossip.take_rows()

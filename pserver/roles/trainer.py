@@ -67,6 +67,8 @@ class Trainer:
         finally:
             self.ex.close()
             self.prefetch.close()
+        if self.stopped_early and hasattr(self.ex, "stopped"):  # its finish is a cut (ADPSGD)
+            self.ex.stopped()
         self.ex.finish()
         self.prefetch.bye(self.consumed)
         self.report()
