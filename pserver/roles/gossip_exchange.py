@@ -84,7 +84,7 @@ class GossipExchange:
         self.flush_rows()
         self.average.finish(self.gossip.w, self.gossip.clock.own)
 
-    def stopped(self) -> None:
+    def signalled(self) -> None:
         """The trainer stopped at a signal: ``finish`` cuts the epoch averages for a resume."""
         self.average.stopped = True
 
