@@ -113,3 +113,17 @@ def test_a_learner_state_that_does_not_fit_is_refused():
         check_learner(good, 5, np.float32, ["velocity"], 4, "here")
     with pytest.raises(CheckpointError, match="lacks this ADPSGD learner's clock"):
         check_learner(State(good.arrays, {"exchange": {}}), 5, np.float32, [], 2, "here")
+
+
+def test_adpsgd_and_prediction_are_supported_and_a_tree_still_refused():
+    from pserver.config import Config
+    from pserver.resume import unsupported
+
+    cfg = Config()
+    cfg.protocol.name, cfg.cluster.servers = "adpsgd", 0
+    assert unsupported(cfg) is None
+    cfg = Config()
+    cfg.protocol.name, cfg.protocol.predict = "async", True
+    assert unsupported(cfg) is None
+    cfg.cluster.tree_fanout = 2
+    assert "tree_fanout" in unsupported(cfg)
