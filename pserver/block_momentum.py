@@ -72,6 +72,11 @@ class BlockMomentum:
         self.delta = xp.zeros(size, dtype=dtype)  # Δ(t−1); Δ(0) = 0, so W_g(0) = W(0)
         self.ahead = xp.empty(size, dtype=dtype) if flt.looks_ahead else None
 
+    def state_arrays(self) -> dict[str, Any]:
+        """Δ(t), the state a checkpoint keeps (``pserver.shard_ckpt``, as an update rule's);
+        the look-ahead is scratch, written from W and Δ at every serve."""
+        return {"delta": self.delta}
+
     @property
     def averages(self) -> bool:
         """η = 0 and ζ = 1: model averaging, W(t) = W̄(t)."""

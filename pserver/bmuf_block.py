@@ -47,6 +47,7 @@ class BlockMomentumShard(ShardBlock):
     ) -> None:
         super().__init__(w, protocol, rule, optim, epochs, xp)
         self.rule = rule
+        self.first_served = w  # the first version pulls read (W_g(0) = w0)
         self.w = xp.array(w, copy=True)  # W(t), ours alone; ``w`` stays the first served version
 
     @classmethod
@@ -82,3 +83,8 @@ class BlockMomentumShard(ShardBlock):
     def serve(self, out: Any = None) -> Any:
         """W_g(t): W(t) + η·Δ(t) for NBM (eq. 6), W(t) for CBM and MA (eq. 5)."""
         return self.rule.served(self.w, out)
+
+    def restored(self) -> None:
+        """Resumed (``pserver.shard_ckpt.restore_block``: W(t) and Δ(t) are in): the first
+        version pulls read becomes W_g(t), eq. 5 or 6, instead of w0."""
+        self.serve(self.first_served)

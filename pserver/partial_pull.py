@@ -3,12 +3,17 @@
 A learner iteration starts from its previous copy of the model (worker lines 3-4), asks every
 block for newer weights, and stops waiting once ``ceil(fraction · blocks)`` of them have come
 back fresh and ``tau2`` more seconds have passed, or once every block has come back (line 15).
-A reply older than the iteration requires is dropped (lines 10-11) and the block keeps its
-previous copy; so does a block whose reply has not arrived yet. Those are the :meth:`missing`
+A reply older than the iteration requires does not count toward ``b`` (lines 10-11), and a
+block whose reply has not arrived yet keeps its previous copy. Those are the :meth:`missing`
 blocks: the learner computes with its old copy of them, leaves their requests outstanding, and
 judges the late replies when they land, against the requirement of the iteration in progress
-then. A block that answers STOP leaves the iteration (:meth:`PartialPull.forget`): it is done
-and will never send newer weights.
+then. One departure from line 11 ("drop"): a reply too old for the iteration but newer than the
+learner's copy still replaces that copy (:meth:`judge`), and the block is asked again. Dropped,
+a block whose reply always lands just after the ``b``-th one (the second of two blocks of one
+shard, ``b = 1/2``, ``tau2 = 0``) would keep the learner's first copy for the whole run, and
+every gradient of the other blocks would be computed against it (docs/protocols.md, "Partial
+pulling"). A block that answers STOP leaves the iteration (:meth:`PartialPull.forget`): it is
+done and will never send newer weights.
 
 The requirement and the tag the pushes carry come from :class:`PullRule`
 (``protocol.pull_timestamp``; the rules and the liveness proof are in
@@ -36,6 +41,8 @@ from collections.abc import Mapping
 EPS = 1e-9
 
 BLOCK, ITERATION = "block", "iteration"
+#: :meth:`PartialPull.judge`'s verdicts on a reply
+USE, REFRESH, DROP = "use", "refresh", "drop"
 
 
 class PartialPull:
@@ -115,6 +122,18 @@ class PartialPull:
         if self.need_time is None and len(self.used) >= self.need:
             self.need_time = now  # line 15: the τ2 timer starts at the b-th fresh block
         return True
+
+    def judge(self, block: int, timestamp: int, have: int, now: float) -> str:
+        """A WEIGHTS reply for ``block`` at ``timestamp``; the learner's copy is at ``have``.
+
+        :data:`USE`: it counts for this iteration (:meth:`on_block`). :data:`REFRESH`: too old
+        for the iteration but newer than the copy, so it replaces the copy without counting
+        toward ``b`` (computing on it is never staler than on the copy, and the iteration tag
+        ``max(W, min have)`` only rises: rounds.py's A2 holds). :data:`DROP`: neither.
+        """
+        if self.on_block(block, timestamp, now):
+            return USE
+        return REFRESH if timestamp > have else DROP
 
     def ready(self, now: float) -> bool:
         """Line 15's exit test: every block in, or ``b`` of them in and ``tau2`` elapsed."""

@@ -1,15 +1,20 @@
 """What a checkpoint supports, and ``--resume RUN_DIR``: read and check it before training.
 
 Checkpoints cover the flat parameter-server family (hardsync, n-softsync, async, SSP, PSP; one
-or more shards, ``comm.mode`` blocking, thread or nonblocking, messages transport), with or
+or more shards, ``comm.mode`` blocking, thread or nonblocking, messages transport) with or
 without PP-ASGD's prediction layer (``protocol.predict``: the shards save their predictors,
-``pserver.prediction_ckpt``), and ADPSGD of the gossip family (``STRATEGIES``: the learners
-save their models, optimizer state and clocks, ``pserver.roles.gossip_ckpt``). Every other
-combination is refused by :func:`unsupported`'s one line when a checkpoint is asked for
-(``--resume``), and such a run ends a SIGTERM at once, without a checkpoint (the signal's
-default action). A strategy of another family supports checkpoints once its roles have
-``state()`` / ``restore()`` (see ``pserver.roles.ckpt_end``) and it is listed in ``FAMILIES``
-(a whole family) or ``STRATEGIES`` (one strategy of a family not listed).
+``pserver.prediction_ckpt``), the lockstep strategies of the collective family (SYNC, HYBRID:
+``pserver.roles.lockstep_ckpt``, ``pserver.roles.draws_ckpt``), its gossip strategy ADPSGD
+(the learners save their models, optimizer state and clocks, ``pserver.roles.gossip_ckpt``)
+and the model-averaging family (BMUF, MA: the shards' W and Δ, learners stopped at a block's
+start). Lockstep and block learners stop on a signal at one boundary they agree on
+(``pserver.roles.stop_vote``); ADPSGD's free-running learners each stop at their own step
+boundary and complete their exchanges with goodbyes. Every other combination (trees, partial
+pulling, the shm transport) is refused by :func:`unsupported`'s one line when a checkpoint is
+asked for (``--resume``), and such a run ends a SIGTERM at once, without a checkpoint (the
+signal's default action). A strategy of another family supports checkpoints once its roles
+have ``state()`` / ``restore()`` (see ``pserver.roles.ckpt_end``) and it is listed in
+``FAMILIES`` (and not in ``NOT_YET``).
 
 :func:`open_resume` runs inside ``prepare`` on every rank, so any problem (no checkpoint, a
 corrupt or truncated file, another rank count, a config that changed a key outside
@@ -35,12 +40,14 @@ from pserver.config import Config, pull_timestamp
 from pserver.gossip_ckpt import check_learner
 from pserver.prediction_ckpt import check_predictor
 from pserver.strategies import lookup
-from pserver.strategies.base import PARAMETER_SERVER
+from pserver.strategies.base import COLLECTIVE, MODEL_AVERAGING, PARAMETER_SERVER
 
 CKPT_DIR = "checkpoint"
-FAMILIES = frozenset({PARAMETER_SERVER})  # families whose every role has state()/restore()
-#: strategies whose roles have state()/restore() in a family not (yet) in ``FAMILIES``
-STRATEGIES = frozenset({"adpsgd"})
+# families whose every role has state()/restore()
+FAMILIES = frozenset({PARAMETER_SERVER, COLLECTIVE, MODEL_AVERAGING})
+#: strategies of those families whose learners do not have them yet (none since ADPSGD's
+#: learners got theirs, pserver.roles.gossip_ckpt)
+NOT_YET: frozenset[str] = frozenset()
 
 
 def checkpoint_dir(out_dir: str | Path) -> Path:
@@ -50,7 +57,7 @@ def checkpoint_dir(out_dir: str | Path) -> Path:
 def unsupported(cfg: Config) -> str | None:
     """Why this config cannot be checkpointed (None when it can)."""
     strategy = lookup(cfg.protocol.name)
-    if strategy.family not in FAMILIES and strategy.name not in STRATEGIES:
+    if strategy.family not in FAMILIES or strategy.name in NOT_YET:
         return f"protocol.name = {cfg.protocol.name!r} ({strategy.family} family)"
     if cfg.cluster.tree_fanout > 0:
         return f"cluster.tree_fanout = {cfg.cluster.tree_fanout} (aggregator tree)"
@@ -72,7 +79,7 @@ def refuse_unsupported(cfg: Config, what: str) -> None:
             f"{what}: checkpoints are not supported with {why}; they cover the flat "
             "parameter-server strategies (hardsync, softsync, async, ssp, psp, with or without "
             'protocol.predict) over comm.transport = "messages" without trees or partial '
-            "pulling, and adpsgd (docs/checkpoints.md)"
+            "pulling, sync, hybrid, adpsgd, bmuf and ma (docs/checkpoints.md)"
         )
 
 
@@ -148,6 +155,8 @@ def check_state(ctx: Any) -> None:
     if role is Role.SERVER:
         dtype = np.dtype(ctx.model.dtype)
         names = make_updater(ctx.cfg.optim, 1, np, dtype).state_arrays()
+        if lookup(ctx.cfg.protocol.name).shard_block:  # BMUF's master keeps Δ, no optimizer
+            names = {"delta": None}
         for b in ctx.blocks_of(ctx.layout.index(ctx.rank)):
             expect(state, f"w{b.index}", (b.size,), dtype, where)
             for name in names:
@@ -167,6 +176,15 @@ def check_state(ctx: Any) -> None:
         replay = state.arrays.get("replay")
         if replay is None or replay.ndim != 2 or replay.shape[1] != batch:
             raise CheckpointError(f"{where}: the replayed minibatches are missing or malformed")
+    elif role is Role.LEARNER and lookup(ctx.cfg.protocol.name).lockstep:
+        # SYNC, HYBRID: the learner's model (pserver.roles.lockstep_ckpt)
+        dtype = np.dtype(ctx.model.dtype)
+        rule = make_updater(ctx.cfg.optim, 1, np, dtype).state_arrays()
+        names = ["w", *(f"opt.{k}" for k in rule)]
+        if ctx.cfg.protocol.name == "hybrid":
+            names.append("pre")
+        for name in names:
+            expect(state, f"exchange.{name}", (ctx.model.n_params,), dtype, where)
     elif role is Role.STATS and not ctx.dump_path.is_file():
         raise CheckpointError(f"{where}: the dump {ctx.dump_path} to continue is missing")
     if role is Role.LEARNER and ctx.cfg.protocol.name == "adpsgd":  # pserver.gossip_ckpt

@@ -65,6 +65,9 @@ def restore_block(
         load(attrs["protocol"])
     if b.predictor is not None:
         restore_predictor(b.predictor, index, arrays, attrs["predictor"], copy_in)
+    after = getattr(b, "restored", None)  # a block serving another model than w (BMUF's)
+    if callable(after):
+        after()
 
 
 def expected_arrays(b: ShardBlock, index: int) -> dict[str, tuple[tuple[int, ...], str]]:

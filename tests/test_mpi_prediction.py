@@ -74,7 +74,7 @@ def test_four_learners_learn_with_prediction(tmp_path, overrides):
     assert check_dump(dump) == []
     if "cluster.bcast_fanout=2" in overrides or "protocol.pull_fraction=0.5" in overrides:
         # σ̄ ≈ 12 through the relaying learners, or half the blocks kept: without prediction
-        # these end at best 2.9-3.6 % too (3 runs each); with it 3.1-5.6 %, once 13 %
+        # these end at best 2.9-4.0 % too (3 runs each); with it 2.2-5.6 % (docs/protocols.md)
         assert_learned(dump, best=0.1, final=0.2)
     else:
         assert_learned(dump)

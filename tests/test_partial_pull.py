@@ -11,7 +11,7 @@ import pytest
 
 from pserver.config import load_config, pull_timestamp
 from pserver.errors import ConfigError
-from pserver.partial_pull import BLOCK, ITERATION, PartialPull, PullRule
+from pserver.partial_pull import BLOCK, DROP, ITERATION, REFRESH, USE, PartialPull, PullRule
 from pserver.protocols import Arrival
 from pserver.protocols.psp import PartialPush
 from pserver.protocols.rudra import Hardsync
@@ -435,3 +435,29 @@ def test_iteration_rule_always_finishes(learners, blocks, c, fraction) -> None:
         )
         assert sim.run(), (seed, [b["ts"] for b in sim.blocks])
         assert min(sim.commits) >= 1 and all(b["done"] for b in sim.blocks)
+
+
+def test_a_block_that_always_answers_late_still_refreshes_the_copy():
+    """Two blocks, b = 1/2, τ2 = 0, iteration rule: block 0's reply arrives in each iteration,
+    block 1's reply to that iteration's request lands only after the next iteration began (the
+    second block of one shard). Dropping it (PSP-SGD line 11 verbatim) left block 1 at the
+    learner's first copy for the whole run; judged against the copy it replaces the copy."""
+    pp, rule = PartialPull(n_blocks=2, fraction=0.5, tau2=0.0), PullRule(ITERATION, True)
+    have = {0: 0, 1: 0}
+    late: int | None = None  # block 1's weights still in flight
+    for it in range(20):
+        wanted = rule.oldest(have[0])
+        pp.start(float(it), {0: wanted, 1: wanted})
+        if late is not None:  # the previous iteration's reply: too old for this one
+            verdict = pp.judge(1, late, have[1], float(it))
+            assert verdict == (REFRESH if late > have[1] else DROP)
+            if verdict == REFRESH:
+                have[1] = late
+        assert pp.judge(0, wanted, have[0], it + 0.5) == USE
+        have[0] = wanted
+        assert pp.ready(it + 0.5) and pp.missing() == {1}
+        rule.pulled(have)
+        late = wanted
+        assert rule.tag - have[1] <= 2  # the kept copy's age stays bounded
+    assert have[1] == 19
+    assert pp.judge(1, have[1], have[1], 30.0) == DROP  # not newer than the copy

@@ -25,9 +25,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from pserver.checkpoint import State
 from pserver.comm.collectives import Allreducer
 from pserver.context import Context
+from pserver.roles.lockstep_ckpt import model_state, restore_model
 from pserver.roles.lockstep_model import LockstepModel
+from pserver.roles.stop_vote import stop_vote
 
 
 def allreducer(ctx: Context, model: LockstepModel, weights: Any) -> Allreducer:
@@ -51,6 +54,7 @@ class SyncExchange:
         self.allreduce = allreducer(ctx, self.model, weights)
         self.steps = 0
         self.have = {0: 0}  # the model's version (for the divergence report)
+        self.vote = stop_vote(ctx, self.waiter)  # where a signal stops every learner
 
     def attach(self, records: Any) -> None:
         self.model.records = records
@@ -73,10 +77,29 @@ class SyncExchange:
         return 0.0, 0
 
     def done(self) -> float:
+        if self.vote is not None:
+            self.vote.finish()
         return 0.0
 
     def close(self) -> None:
-        pass
+        if self.vote is not None:
+            self.vote.close()
 
     def finish(self) -> None:
         self.model.finish()
+
+    # -- checkpoints (pserver.roles.ckpt_end, pserver.roles.lockstep_ckpt) ----------------------
+
+    def stop_agreed(self) -> bool:
+        """At step boundary ``steps``: stop here (every learner the same step: the vote of
+        ``pserver.roles.stop_vote``, which posts none past the plan's last step)."""
+        return self.vote is not None and self.vote.boundary(self.steps + 1 < self.model.steps)
+
+    def state(self) -> State:
+        s = model_state(self.model)
+        return State(s.arrays, {**s.attrs, "steps": self.steps})
+
+    def restore(self, state: State) -> None:
+        restore_model(self.model, state)
+        self.steps = int(state.attrs["steps"])
+        self.have[0] = self.model.version

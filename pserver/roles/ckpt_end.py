@@ -5,7 +5,9 @@ delivers its pushes, collects the answers to its pull requests and says goodbye;
 ends once every learner said goodbye, so no gradient is on its way and every shard's state is
 that of the same moment for each learner. The data server ends when every learner's prefetcher
 said goodbye (with the count of minibatches it computed on), the statistics server when every
-rank did and its dump is published.
+rank did and its dump is published. Learners of SYNC, HYBRID, BMUF and MA stop at one step
+boundary or block start they vote on (``pserver.roles.stop_vote``): every allreduce and block
+round they started completes, and none is left waiting for a learner that stopped earlier.
 
 Then every rank writes its own file of generation g (``pserver.checkpoint.write_state``: atomic)
 and reports to a non-blocking agreement (``startup.agree``, waited on with back-off); the

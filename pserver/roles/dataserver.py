@@ -127,6 +127,10 @@ class DataServer:
         return [idx for _, idx in sorted(left, key=lambda e: e[0])] + list(self.replay)
 
     def state(self) -> State:
+        if self.draws is not None:  # SYNC, HYBRID: the draws no learner computed on
+            from pserver.roles.draws_ckpt import draws_state
+
+            return draws_state(self)
         attrs, perm = self.sampler.state()
         replay = self.unconsumed()
         batch = self.ctx.cfg.data.batch_size
@@ -141,6 +145,11 @@ class DataServer:
         return State(arrays, {"role": "data", "sampler": attrs, **extra})
 
     def restore(self, state: State) -> None:
+        if self.draws is not None:
+            from pserver.roles.draws_ckpt import restore_draws
+
+            restore_draws(self, state)
+            return
         self.sampler.restore(state.attrs["sampler"], state.arrays["perm"])
         self.replay.extend(np.array(row) for row in state.arrays["replay"])
         if self.quota is not None and "quota" in state.attrs:

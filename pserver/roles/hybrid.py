@@ -27,11 +27,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from pserver.checkpoint import State
 from pserver.comm.collectives import Handle
 from pserver.comm.engine import CommEngine
 from pserver.context import Context
 from pserver.roles.allreduce import allreducer
+from pserver.roles.lockstep_ckpt import HybridCut
 from pserver.roles.lockstep_model import LockstepModel
+from pserver.roles.stop_vote import stop_vote
 
 
 class HybridExchange:
@@ -50,6 +53,8 @@ class HybridExchange:
         self.steps = 0
         self.have = {0: 0}
         self.backend, self.on_device = ctx.backend, False
+        self.vote = stop_vote(ctx, self.waiter)  # where a signal stops every learner
+        self.cut = HybridCut(self.model)  # the model before the last landing, for checkpoints
         self.engine = CommEngine(self.progress, self.waiter, threaded=True)  # any comm.mode
         self.engine.start()
 
@@ -86,6 +91,7 @@ class HybridExchange:
         """Wait for the allreduce in flight and apply its average; the seconds blocked."""
         h = self.flight
         if h is None:
+            self.cut.land_saved()  # resumed: the checkpointed run's last landing, if any
             return 0.0
         waited = self.engine.wait(lambda: h.done, f"the allreduce of step {self.flight_step}")
         self.flight = None
@@ -98,10 +104,29 @@ class HybridExchange:
         return 0.0, 0
 
     def done(self) -> float:
+        if self.vote is not None:
+            self.vote.finish()
+        self.cut.before_last_landing(self.flight is not None or self.cut.post is not None)
         return self.land()  # the last gradient
 
     def close(self) -> None:
         self.engine.close()
+        if self.vote is not None:
+            self.vote.close()
 
     def finish(self) -> None:
         self.model.finish()
+
+    # -- checkpoints (pserver.roles.ckpt_end, pserver.roles.lockstep_ckpt) ----------------------
+
+    def stop_agreed(self) -> bool:
+        """At step boundary ``steps``: stop here, on every learner the same step
+        (``pserver.roles.stop_vote``); the average in flight lands in ``done()``."""
+        return self.vote is not None and self.vote.boundary(self.steps + 1 < self.model.steps)
+
+    def state(self) -> State:
+        return self.cut.state(self.steps)
+
+    def restore(self, state: State) -> None:
+        self.steps = self.cut.restore(state)
+        self.have[0] = self.model.version

@@ -11,7 +11,8 @@ that brings every block installs the model by swapping that buffer with the comp
 Partial pulling (PSP-SGD Algorithm 1, worker lines 7-15): the learner may start computing once
 ``protocol.pull_fraction`` of the blocks it asked for are in (plus ``protocol.tau2``), keeping
 its previous copy of the others. A reply that misses the iteration stays outstanding and is
-picked up by a later one; no request is sent twice. The timestamps of pulls and pushes follow
+picked up by a later one; no request is sent twice. A reply too old for the iteration still
+replaces an older copy (``PartialPull.judge``). The timestamps of pulls and pushes follow
 ``protocol.pull_timestamp`` (``PullRule``): with partial pulling under hardsync or PSP every push
 of an iteration carries the learner's iteration tag (PSP-SGD Algorithm 1, worker line 17), so
 that a gradient computed on a kept copy still answers the block's round; the liveness proof is
@@ -25,7 +26,7 @@ from typing import Any
 from pserver.checkpoint import State
 from pserver.config import pull_timestamp
 from pserver.context import Context
-from pserver.partial_pull import PartialPull, PullRule
+from pserver.partial_pull import REFRESH, USE, PartialPull, PullRule
 from pserver.roles.pslink import PSLink
 from pserver.strategies import lookup
 from pserver.topology import Block
@@ -151,10 +152,14 @@ class PSExchange:
                 self.ask(b)
         elif kind == Reply.WEIGHTS:
             self.take_weights(b, version)
-            if self.partial.on_block(b.index, h.timestamp, now):
+            verdict = self.partial.judge(b.index, h.timestamp, self.have[b.index], now)
+            if verdict == USE:
                 self.have[b.index] = h.timestamp
                 fresh.append(b)
             elif b.index not in self.stopped:  # older than this iteration needs: ask again
+                if verdict == REFRESH:
+                    self.have[b.index] = h.timestamp
+                    self.install([b])  # now: the request below reposts a receive into w_comm
                 self.ask(b)
         else:
             raise WireError(f"unknown reply {h}")

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from pserver.checkpoint import CheckpointError, State
 from pserver.context import Context
 from pserver.local_rule import LocalRule
 from pserver.roles.learner import PSExchange
+from pserver.roles.stop_vote import stop_vote
 
 
 class LocalStepsExchange:
@@ -46,6 +48,7 @@ class LocalStepsExchange:
         lay, cfg = ctx.layout, ctx.cfg
         per = (len(lay.learners), self.tau, cfg.data.batch_size, ctx.train_size)
         self.rule = LocalRule(cfg.optim, self.w.size, self.xp, self.w.dtype, per)
+        self.vote = stop_vote(ctx, self.waiter)  # the block at whose start a signal stops all
 
     def weights(self) -> Any | None:
         if self.local == 0:  # a block starts from the global model
@@ -72,10 +75,35 @@ class LocalStepsExchange:
         return self.ps.staleness()
 
     def done(self) -> float:
+        if self.vote is not None:
+            self.vote.finish()  # the vote posted at the last block's start
         return self.ps.done()
 
     def close(self) -> None:
         self.ps.close()
+        if self.vote is not None:
+            self.vote.close()
 
     def finish(self) -> None:
         self.ps.finish()
+
+    # -- checkpoints (pserver.roles.ckpt_end) -------------------------------------------------
+
+    def stop_agreed(self) -> bool:
+        """Stop only at a block's start, every learner at the same block
+        (``pserver.roles.stop_vote``): its delta of the block before is pushed and the round
+        closes, so the shards hold W(t) and Δ(t) and no learner holds a local model, whose
+        optimizer state restarts at every block anyway (``pserver.local_rule``)."""
+        if self.local != 0 or self.vote is None:
+            return False
+        return self.vote.boundary(True)  # the shards, not a plan, decide the last block
+
+    def state(self) -> State:
+        if self.local != 0:  # stop_agreed() stops at block starts only
+            raise CheckpointError(f"a BMUF/MA learner stopped after {self.local} local steps")
+        return self.ps.state()
+
+    def restore(self, state: State) -> None:
+        """Resume at a block's start: the first ``weights()`` pulls W_g(t) from the shards."""
+        self.ps.restore(state)
+        self.local = 0

@@ -78,7 +78,10 @@ class Trainer:
         push of the last step is sent and no minibatch is half computed: the consistent cut."""
         from pserver.signals import STOP
 
-        if STOP.requested:
+        agreed = getattr(self.ex, "stop_agreed", None)
+        if callable(agreed):  # lockstep learners stop at one boundary, the same on all of them
+            self.stopped_early = self.stopped_early or agreed()  # (pserver.roles.stop_vote)
+        elif STOP.requested:
             self.stopped_early = True
         return self.stopped_early
 

@@ -1,0 +1,103 @@
+"""The learners' agreement on where a signal stops them: one boundary, the same on all.
+
+A lockstep strategy's learners (SYNC and HYBRID step by step, BMUF and MA block by block) must
+stop at the same boundary: a learner that stops one step early leaves the others in an
+allreduce, or in a block round, that never completes, and a checkpoint of learners at different
+steps is no consistent cut. A signal reaches the ranks at different moments, so each learner
+votes and all act on the vote's result, never on their own flag (``pserver.signals.STOP``).
+
+The vote is lagged by one boundary, so that it seldom makes a learner wait: at boundary ``k``
+a learner first takes the result of the vote posted at boundary ``k − 1`` (a non-blocking
+``MAX`` reduction of every learner's flag, on a communicator of its own), stops if any
+learner had seen a signal then, and otherwise posts its vote for boundary ``k + 1``. Every
+learner therefore stops at the same boundary, one boundary after the first learner saw the
+signal (one step of SYNC/HYBRID, one block of τ local steps of BMUF/MA).
+
+Liveness: the learners pass the same boundaries in the same order (lockstep: the same steps,
+or the same blocks), and every decision is taken from a reduction's result, the same on all,
+so each learner posts exactly the same sequence of votes and each vote completes once every
+learner has posted it. A learner reaching boundary k knows that every other learner has
+left boundary k − 2 at least, and so is at most one step (a block) away from posting vote
+k − 1, which needs nothing of this learner: SYNC's allreduce of step k − 1 completed only once
+every learner started it, after posting vote k − 1; HYBRID's allreduce of step k − 2 and
+BMUF's round of block k − 2, which a learner needed to get here, were started or pushed by
+every learner just before it posted vote k − 1. So the wait at the next boundary normally
+finds the vote complete, and otherwise lasts until the slowest learner's next boundary. A vote
+posted at the last boundary (BMUF's shards end the run in the pull that follows it) is
+completed by :meth:`StopVote.finish`, which every learner reaches at the end of its loop.
+Waits use the Waiter's back-off and stall report (no blocking MPI call, no spinning); the
+communicator is duplicated with ``Idup``, waited the same way at the first vote.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from pserver.comm.waiting import Waiter
+from pserver.signals import STOP
+
+
+class StopVote:
+    """One learner's side of the lagged vote (see the module docstring)."""
+
+    def __init__(self, comm: MPI.Comm, waiter: Waiter) -> None:
+        self.comm, self.dup_req = comm.Idup()  # collective: every learner builds its exchange
+        self.waiter = waiter
+        self.flag = np.zeros(1, np.int32)  # not touched while a vote reads it
+        self.result = np.zeros(1, np.int32)
+        self.pending: MPI.Request | None = None
+        self.votes = 0  # votes posted (for the stall report)
+
+    def boundary(self, another: bool) -> bool:
+        """At a boundary every learner passes: whether to stop here (the same on every
+        learner). ``another``: whether a boundary follows this one (False at a run's known
+        last boundary: no vote is posted that nobody would read)."""
+        if self.pending is not None:
+            self.waiter.wait(self.pending, self.what())
+            self.pending = None
+            if self.result[0]:
+                return True
+        if another:
+            self.post()
+        return False
+
+    def post(self) -> None:
+        if self.dup_req is not None:
+            self.waiter.wait(self.dup_req, "the learners' communicator for the stop vote")
+            self.dup_req = None
+        self.flag[0] = int(STOP.requested)
+        self.pending = self.comm.Iallreduce(self.flag, self.result, op=MPI.MAX)
+        self.votes += 1
+
+    def what(self) -> str:
+        return f"the learners' stop vote {self.votes} (every learner posts it at a boundary)"
+
+    def finish(self) -> None:
+        """At the end of a learner's loop: complete a vote posted at the last boundary (and
+        the communicator's duplication, which every learner posted when it was built)."""
+        if self.pending is not None:
+            self.waiter.wait(self.pending, self.what())
+            self.pending = None
+        if self.dup_req is not None:
+            self.waiter.wait(self.dup_req, "the learners' communicator for the stop vote")
+            self.dup_req = None
+
+    def close(self) -> None:
+        """Free the communicator; also called after an error, so it never waits: with a
+        vote or the duplication still pending (a learner failed mid-run, the job is being
+        aborted) the communicator is left to the end of the process."""
+        if self.dup_req is None and self.pending is None and self.comm != MPI.COMM_NULL:
+            self.comm.Free()
+
+
+def stop_vote(ctx: Any, waiter: Waiter) -> StopVote | None:
+    """A vote among ``ctx``'s learners when this run can be checkpointed (the same answer on
+    every learner: a function of the config), else None (a signal then ends the rank)."""
+    from pserver.resume import unsupported
+
+    if unsupported(ctx.cfg) is not None or ctx.learner_comm is None:
+        return None
+    return StopVote(ctx.learner_comm, waiter)
