@@ -107,9 +107,9 @@ def main(argv: list[str] | None = None) -> int:
             ctx.resume = open_resume(args.resume, cfg, size, rank, ctx.role.value)
             check_state(ctx)
         if cfg.run.checkpoint_interval > 0:  # periodic checkpoints: refused as --resume is
-            from pserver.resume import refuse_unsupported
+            from pserver.resume import refuse_periodic
 
-            refuse_unsupported(cfg, f"run.checkpoint_interval = {cfg.run.checkpoint_interval}")
+            refuse_periodic(cfg)
     except BaseException as e:  # every failure must reach the agreement, or the others hang
         error = e
     waiter = Waiter(log, peers, comm.poll_min, comm.poll_max, comm.stall_timeout)
@@ -289,7 +289,7 @@ def local_steps_exchange() -> type:
 
 
 def gossip_exchange() -> type:
-    from pserver.roles.gossip import GossipExchange
+    from pserver.roles.gossip_exchange import GossipExchange
 
     return GossipExchange
 

@@ -1,16 +1,20 @@
 """What a checkpoint supports, and ``--resume RUN_DIR``: read and check it before training.
 
 Checkpoints cover the flat parameter-server family (hardsync, n-softsync, async, SSP, PSP; one
-or more shards, ``comm.mode`` blocking, thread or nonblocking, messages transport), the
-lockstep strategies of the collective family (SYNC, HYBRID: ``pserver.roles.lockstep_ckpt``,
-``pserver.roles.draws_ckpt``) and the model-averaging family (BMUF, MA: the shards' W and Δ,
-learners stopped at a block's start). Lockstep and block learners stop on a signal at one
-boundary they agree on (``pserver.roles.stop_vote``). Every other combination (ADPSGD's
-gossip, trees, partial pulling, the shm transport) is refused by :func:`unsupported`'s one
-line when a checkpoint is asked for (``--resume``), and such a run ends a SIGTERM at once,
-without a checkpoint (the signal's default action). A strategy of another family supports
-checkpoints once its roles have ``state()`` / ``restore()`` (see ``pserver.roles.ckpt_end``)
-and it is listed in ``FAMILIES`` (and not in ``NOT_YET``).
+or more shards, ``comm.mode`` blocking, thread or nonblocking, messages transport) with or
+without PP-ASGD's prediction layer (``protocol.predict``: the shards save their predictors,
+``pserver.prediction_ckpt``), the lockstep strategies of the collective family (SYNC, HYBRID:
+``pserver.roles.lockstep_ckpt``, ``pserver.roles.draws_ckpt``), its gossip strategy ADPSGD
+(the learners save their models, optimizer state and clocks, ``pserver.roles.gossip_ckpt``)
+and the model-averaging family (BMUF, MA: the shards' W and Δ, learners stopped at a block's
+start). Lockstep and block learners stop on a signal at one boundary they agree on
+(``pserver.roles.stop_vote``); ADPSGD's free-running learners each stop at their own step
+boundary and complete their exchanges with goodbyes. Every other combination (trees, partial
+pulling, the shm transport) is refused by :func:`unsupported`'s one line when a checkpoint is
+asked for (``--resume``), and such a run ends a SIGTERM at once, without a checkpoint (the
+signal's default action). A strategy of another family supports checkpoints once its roles
+have ``state()`` / ``restore()`` (see ``pserver.roles.ckpt_end``) and it is listed in
+``FAMILIES`` (and not in ``NOT_YET``).
 
 :func:`open_resume` runs inside ``prepare`` on every rank, so any problem (no checkpoint, a
 corrupt or truncated file, another rank count, a config that changed a key outside
@@ -33,15 +37,17 @@ from pserver.checkpoint import (
     rank_file,
 )
 from pserver.config import Config, pull_timestamp
+from pserver.gossip_ckpt import check_learner
+from pserver.prediction_ckpt import check_predictor
 from pserver.strategies import lookup
 from pserver.strategies.base import COLLECTIVE, MODEL_AVERAGING, PARAMETER_SERVER
 
 CKPT_DIR = "checkpoint"
 # families whose every role has state()/restore()
 FAMILIES = frozenset({PARAMETER_SERVER, COLLECTIVE, MODEL_AVERAGING})
-#: strategies of those families whose learners do not have them yet (gossip's free-running
-#: learners and the pairs they average with)
-NOT_YET = frozenset({"adpsgd"})
+#: strategies of those families whose learners do not have them yet (none since ADPSGD's
+#: learners got theirs, pserver.roles.gossip_ckpt)
+NOT_YET: frozenset[str] = frozenset()
 
 
 def checkpoint_dir(out_dir: str | Path) -> Path:
@@ -71,9 +77,25 @@ def refuse_unsupported(cfg: Config, what: str) -> None:
     if why is not None:
         raise CheckpointError(
             f"{what}: checkpoints are not supported with {why}; they cover the flat "
-            "parameter-server strategies (hardsync, softsync, async, ssp, psp) over "
-            'comm.transport = "messages" without trees or partial pulling, sync, hybrid, bmuf '
-            "and ma (docs/checkpoints.md)"
+            "parameter-server strategies (hardsync, softsync, async, ssp, psp, with or without "
+            'protocol.predict) over comm.transport = "messages" without trees or partial '
+            "pulling, sync, hybrid, adpsgd, bmuf and ma (docs/checkpoints.md)"
+        )
+
+
+#: strategies that checkpoint at their end and on a signal, but cannot pause mid-run
+NO_PAUSE = frozenset({"adpsgd"})  # its learners run free: no vote says where all pause
+
+
+def refuse_periodic(cfg: Config) -> None:
+    """``run.checkpoint_interval > 0``: refused as ``--resume`` is, and for :data:`NO_PAUSE`."""
+    what = f"run.checkpoint_interval = {cfg.run.checkpoint_interval}"
+    refuse_unsupported(cfg, what)
+    if cfg.protocol.name in NO_PAUSE:
+        raise CheckpointError(
+            f"{what}: periodic checkpoints are not supported with protocol.name = "
+            f"{cfg.protocol.name!r} (its learners pause at no common point); it checkpoints "
+            "at its end and on SIGTERM (docs/checkpoints.md)"
         )
 
 
@@ -160,6 +182,8 @@ def check_state(ctx: Any) -> None:
                 expect(state, f"opt{b.index}.{name}", (b.size,), dtype, where)
             if str(b.index) not in state.attrs.get("blocks", {}):
                 raise CheckpointError(f"{where}: the checkpoint lacks block {b.index}'s state")
+            if ctx.cfg.protocol.predict:  # PP-ASGD's predictor (pserver.prediction_ckpt)
+                check_predictor(ctx.cfg, state, b, where)
     elif role is Role.DATA:
         sampler = state.attrs.get("sampler", {})
         batch, n = ctx.cfg.data.batch_size, ctx.train_size
@@ -182,3 +206,8 @@ def check_state(ctx: Any) -> None:
             expect(state, f"exchange.{name}", (ctx.model.n_params,), dtype, where)
     elif role is Role.STATS and not ctx.dump_path.is_file():
         raise CheckpointError(f"{where}: the dump {ctx.dump_path} to continue is missing")
+    if role is Role.LEARNER and ctx.cfg.protocol.name == "adpsgd":  # pserver.gossip_ckpt
+        dtype = np.dtype(ctx.model.dtype)
+        names = list(make_updater(ctx.cfg.optim, 1, np, dtype).state_arrays())
+        learners = len(ctx.layout.learners)
+        check_learner(state, ctx.model.n_params, dtype, names, learners, where)

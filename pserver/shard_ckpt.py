@@ -11,7 +11,8 @@ The cut is taken once every learner has delivered its pushes and said goodbye
 fewer than the round's gradients arrived) is not saved; its gradients are counted in the
 ``open_round`` attribute and the resumed block starts a fresh round. Protocol state (SSP's
 clocks, PSP's deadlines) restarts level too, unless the protocol offers ``state()`` /
-``restore()`` (the hook a protocol with state worth keeping fills). With λ = 1 nothing is
+``restore()`` (the hook a protocol with state worth keeping fills). PP-ASGD's predictor
+(``protocol.predict``) is saved whole: ``pserver.prediction_ckpt``. With λ = 1 nothing is
 lost: every round is one gradient, so the resumed run repeats the uninterrupted one bit for
 bit (tests/test_mpi_checkpoint.py).
 """
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from pserver.prediction_ckpt import predictor_arrays, predictor_state, restore_predictor
 from pserver.shard_block import ShardBlock
 
 
@@ -40,6 +42,9 @@ def block_state(b: ShardBlock, index: int, to_host: Any) -> tuple[dict[str, np.n
     save = getattr(b.protocol, "state", None)
     if callable(save):
         attrs["protocol"] = save()
+    if b.predictor is not None:  # PP-ASGD: S̄, the last rate and S, the probe in flight
+        more, attrs["predictor"] = predictor_state(b.predictor, index, to_host)
+        arrays.update(more)
     return arrays, attrs
 
 
@@ -58,6 +63,8 @@ def restore_block(
     load = getattr(b.protocol, "restore", None)
     if callable(load) and "protocol" in attrs:
         load(attrs["protocol"])
+    if b.predictor is not None:
+        restore_predictor(b.predictor, index, arrays, attrs["predictor"], copy_in)
     after = getattr(b, "restored", None)  # a block serving another model than w (BMUF's)
     if callable(after):
         after()
@@ -68,4 +75,6 @@ def expected_arrays(b: ShardBlock, index: int) -> dict[str, tuple[tuple[int, ...
     out = {f"w{index}": (tuple(b.w.shape), str(b.w.dtype))}
     for name, a in b.updater.state_arrays().items():
         out[f"opt{index}.{name}"] = (tuple(a.shape), str(a.dtype))
+    if b.predictor is not None:
+        out.update(predictor_arrays(b.predictor, index))
     return out

@@ -67,6 +67,9 @@ PURE = (
     "pserver.local_rule",
     "pserver.bmuf_block",
     "pserver.gossip",  # issue 12: ADPSGD's ring schedule, goodbyes, vector clock
+    "pserver.prediction_ckpt",  # issue 14: PP-ASGD's predictor in a checkpoint
+    "pserver.gossip_ckpt",  # issue 14: ADPSGD's checkpoint: names, the cut, the checks
+    "pserver.quota_ckpt",  # issue 14: a learners-only data quota in a checkpoint
 )
 IMPURE = ("mpi4py", "pserver.comm", "pserver.roles")
 

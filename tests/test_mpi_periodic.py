@@ -160,6 +160,10 @@ def test_bad_interval_and_unsupported_configs_are_refused_with_one_line(tmp_path
     assert res.returncode == 2, res.output
     errs = lines(res.output, "pserver-run: error:")
     assert len(errs) == 1 and "not supported with cluster.tree_fanout" in errs[0], res.output
+    res = job(tmp_path / "c", PERIODIC, "protocol.name=adpsgd", "cluster.servers=0", n=4)
+    assert res.returncode == 2, res.output
+    errs = lines(res.output, "pserver-run: error:")
+    assert len(errs) == 1 and "protocol.name = 'adpsgd'" in errs[0], res.output
     assert "Traceback" not in res.output
 
 

@@ -25,6 +25,7 @@ from pserver.comm.inbox import Inbox
 from pserver.context import Context
 from pserver.epochs import EpochCounter
 from pserver.lockstep import FREE, LOCKSTEP, DataQuota, LockstepDraws, total_minibatches
+from pserver.quota_ckpt import quota_state, restore_quota
 from pserver.strategies import lookup
 from pserver.wire import Tag, WireError, bye_consumed
 
@@ -137,7 +138,11 @@ class DataServer:
             "perm": perm,
             "replay": np.array(replay, np.int64).reshape(len(replay), batch),
         }
-        return State(arrays, {"role": "data", "sampler": attrs})
+        extra = {}
+        if self.quota is not None:  # learners-only: what each computed on (quota_ckpt)
+            index = self.ctx.layout.index
+            extra["quota"] = quota_state(self.quota, self.count, self.consumed, index)
+        return State(arrays, {"role": "data", "sampler": attrs, **extra})
 
     def restore(self, state: State) -> None:
         if self.draws is not None:
@@ -147,6 +152,8 @@ class DataServer:
             return
         self.sampler.restore(state.attrs["sampler"], state.arrays["perm"])
         self.replay.extend(np.array(row) for row in state.arrays["replay"])
+        if self.quota is not None and "quota" in state.attrs:
+            restore_quota(self.quota, state.attrs["quota"])
 
     def run_over(self) -> bool:
         """Whether the minibatches served so far complete ``run.epochs`` (learners-only runs)."""

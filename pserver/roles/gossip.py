@@ -4,10 +4,11 @@ The schedule, its liveness and termination arguments and the atomicity condition
 :mod:`pserver.gossip`; this module moves the bytes. One :class:`Gossip` per learner owns its
 model ``w`` and a :class:`~pserver.comm.engine.CommEngine` whose ``progress()`` drives the
 exchanges: in a communication thread (``threaded``, the paper's design: a receiver answers while
-its main thread computes; :class:`GossipExchange` uses it in every ``comm.mode``) or, without
-one, inside this learner's waits and once per step (a receiver then answers at its step
-boundaries only; tested by tests/gossip_prog.py). The thread ends at :meth:`Gossip.close`;
-the goodbyes of :meth:`Gossip.finish` then drive progress in their own waits.
+its main thread computes; the trainer's exchange, ``pserver.roles.gossip_exchange``, uses it in
+every ``comm.mode``) or, without one, inside this learner's waits and once per step (a receiver
+then answers at its step boundaries only; tested by tests/gossip_prog.py). The thread ends at
+:meth:`Gossip.close`; the goodbyes of :meth:`Gossip.finish` then drive progress in their own
+waits.
 
 Atomicity (the doubly stochastic mix, how it is guaranteed here): every read or write of ``w``
 — the snapshot the gradient is computed on, the local update, the averages — holds the
@@ -51,7 +52,6 @@ from pserver.gossip import (
     VectorClock,
     age,
     average,
-    local_epoch,
 )  # fmt: skip
 
 CTRL, REPLY, MODEL = 41, 42, 43  # tags on the learners' communicator (no other user there)
@@ -65,13 +65,15 @@ class Gossip:
 
     ``apply(w, g, step)`` is the learner's local update rule. ``stage`` is None or a
     :class:`~pserver.backend.StagingBuffers` with two buffers of ``w.size`` elements.
+    ``start``: start the engine now (False: its owner calls ``engine.start()`` later, after
+    restoring ``w`` and the clock from a checkpoint, before any exchange can be answered).
     """
 
     def __init__(
         self, comm: MPI.Comm, xp: Any, waiter: Waiter, w: Any, apply: Apply,
         *, threaded: bool, stage: Any = None, synchronize: Callable[[], None] = lambda: None,
         now: Callable[[], float] = time.perf_counter,
-        activate: Callable[[], None] = lambda: None,
+        activate: Callable[[], None] = lambda: None, start: bool = True,
     ) -> None:  # fmt: skip
         self.comm, self.xp, self.waiter, self.apply = comm, xp, waiter, apply
         self.me, n = comm.Get_rank(), comm.Get_size()
@@ -102,7 +104,8 @@ class Gossip:
         self.goodbyes = Goodbyes(self.ring, self.me) if self.role == RECEIVER else None
         self.serving: tuple[int, str, list[MPI.Request], float] | None = None
         self.t0 = time.perf_counter()
-        self.engine.start()
+        if start:  # else the owner starts it once it has restored a checkpoint's state
+            self.engine.start()
 
     # -- the main thread -----------------------------------------------------------------------
 
@@ -276,81 +279,3 @@ class Gossip:
         with self.lock:
             rows, self.rows = self.rows, []
         return rows
-
-
-class GossipExchange:
-    """The trainer's exchange for ``protocol.name = "adpsgd"`` (``pserver.roles.trainer``):
-    ``weights()`` is a snapshot of the learner's model, ``gradient(g)`` the local update
-    (the parameter-server path's rule, schedule and weight decay, applied here) followed by
-    the exchange, ``finish()`` the goodbyes, then the average model for the statistics server
-    (``pserver.roles.gossip_model``)."""
-
-    freeze_after_weights = False
-    relayed_bytes = 0  # weights forwarded for others: none (an exchange is one's own model)
-
-    def __init__(self, ctx: Any, weights: Any) -> None:
-        from pserver.backend import StagingBuffers
-        from pserver.comm.payload import staged
-        from pserver.local_update import LocalUpdate
-        from pserver.roles.gossip_model import GossipModel
-
-        cfg, xp = ctx.cfg, ctx.xp
-        if ctx.learner_comm is None:
-            raise RuntimeError("ADPSGD needs the learners' communicator")
-        self.waiter = ctx.waiter()
-        self.grad = xp.empty_like(weights)
-        self.have: dict[int, int] = {}
-        self.records: Any = None
-        # scale 1: one's own gradient
-        rule = LocalUpdate(cfg.optim, weights.size, xp, weights.dtype)
-        lam, batch, n_train = ctx.learner_comm.Get_size(), cfg.data.batch_size, ctx.train_size
-
-        def apply(w: Any, g: Any, step: int) -> None:
-            # the epoch of this learner's step: λ learners at its pace took step·λ minibatches
-            rule.step(w, g, local_epoch(step, lam, batch, n_train))
-
-        stage = None
-        if staged(ctx.backend, cfg.comm.staging):
-            stage = StagingBuffers(ctx.backend, [weights.size] * 2, weights.dtype)
-        self.gossip = Gossip(
-            ctx.learner_comm, xp, self.waiter, weights, apply,
-            threaded=True, stage=stage, synchronize=ctx.backend.synchronize,  # every comm.mode
-            now=ctx.now, activate=ctx.backend.activate,
-        )  # fmt: skip
-        self.average = GossipModel(ctx, weights, self.gossip.lock)
-
-    def attach(self, records: Any) -> None:
-        """Where the ``exchanges`` rows go (the trainer's record buffer)."""
-        self.records = records
-
-    def weights(self) -> Any:
-        return self.gossip.snapshot()
-
-    def gradient_buffer(self) -> Any:
-        return self.grad
-
-    def gradient(self, g: Any) -> None:
-        self.gossip.update(g)
-        self.have[0] = steps = self.gossip.clock.own
-        self.average.stepped(self.gossip.w, steps)
-        self.flush_rows()
-
-    def staleness(self) -> tuple[float, int]:
-        return 0.0, 0
-
-    def done(self) -> float:
-        return self.gossip.wait_exchange()
-
-    def close(self) -> None:
-        self.gossip.close()
-
-    def finish(self) -> None:
-        self.gossip.finish()  # goodbyes first: the final average is then the mean of the models
-        self.flush_rows()
-        self.average.finish(self.gossip.w, self.gossip.clock.own)
-
-    def flush_rows(self) -> None:
-        rows = self.gossip.take_rows()
-        if self.records is not None:
-            for row in rows:
-                self.records.add("exchanges", **row)

@@ -19,6 +19,16 @@ every learner, one at a time, and every learner posts all of them (the rest at i
 completes once the slowest learner has posted it. Training never waits on them: in flight they
 are tested at each step boundary; only :meth:`GossipModel.finish` waits, after the gossip's
 goodbyes, when no learner needs another's answer any more.
+
+Checkpoints (``pserver.gossip_ckpt``, the cut): :meth:`GossipModel.finish` first agrees with
+the other learners (:class:`pserver.roles.gossip_ckpt.CutAgreement`, on a communicator of its
+own, so it cannot be matched with an epoch's allreduce still in flight) whether any was
+stopped by a signal and up to which epoch K some learner has joined the averages. Stopped:
+every learner joins the averages up to K and stops there (no final average; the resumed run
+starts at epoch K + 1, ``resumed``); not stopped: as above. Every learner reaches the
+agreement (its loop ends, by the signal or by the data server's stop) and all of them then
+post the same allreduces, so the liveness argument holds as it is. A run resumed after its
+last epoch was averaged (more of the same ``run.epochs``) reports no second final model.
 """
 
 from __future__ import annotations
@@ -28,7 +38,9 @@ from typing import Any
 
 from pserver.comm.collectives import Allreducer, Handle
 from pserver.epochs import EpochCounter
+from pserver.gossip_ckpt import minibatches_to, owed
 from pserver.lockstep import total_minibatches
+from pserver.roles.gossip_ckpt import CutAgreement
 from pserver.roles.model_report import ModelReport
 
 
@@ -42,6 +54,7 @@ class GossipModel:
         self.last_epoch = ctx.cfg.run.epochs
         self.total = total_minibatches(ctx.cfg, ctx.train_size)
         self.counter = EpochCounter.from_config(ctx.cfg, ctx.train_size)
+        self.batch = ctx.cfg.data.batch_size
         self.waiter = ctx.waiter()
         self.buf = self.xp.empty_like(weights)
         self.red = Allreducer(
@@ -51,6 +64,9 @@ class GossipModel:
         self.report = ModelReport(ctx, weights.dtype)
         self.due: deque[int] = deque()  # tested epochs (< the last) not yet averaged
         self.inflight: tuple[int, int, Handle] | None = None  # epoch, step, handle
+        self.cut = CutAgreement(comm, self.waiter)  # collective: every learner builds one now
+        self.stopped = False  # this learner was stopped by a signal (the trainer says)
+        self.final_reported = False  # resumed after the last epoch's average was reported
 
     def stepped(self, w: Any, steps: int) -> None:
         """After the learner's ``steps``-th update (main thread): the epochs it ended."""
@@ -82,10 +98,23 @@ class GossipModel:
                 self.waiter.waitall(snaps.reqs, "the statistics server to take a model snapshot")
                 snaps.advance()  # the completed requests cleared, the next queued one posted
 
+    def resumed(self, next_epoch: int) -> None:
+        """Continue a checkpointed run whose averages were taken up to ``next_epoch - 1``."""
+        self.counter.next_epoch = next_epoch
+        self.final_reported = next_epoch > self.last_epoch
+
     def finish(self, w: Any, steps: int) -> None:
         """Every epoch still owed (with the final model), then the final average; the
-        statistics server gets the last epoch's test and the dump's final model from it."""
-        ends = self.counter.advance(self.total)
+        statistics server gets the last epoch's test and the dump's final model from it.
+        Stopped by a signal (any learner): the averages up to the agreed cut only."""
+        stopped, cut = self.cut.agree(self.stopped, owed(self.counter.next_epoch, self.last_epoch))
+        self.cut.free()
+        if stopped:
+            ends = self.counter.advance(minibatches_to(cut, self.ctx.train_size, self.batch))
+            # the same on every learner, also one whose own count ended the last epoch
+            self.counter.next_epoch = cut + 1
+        else:
+            ends = self.counter.advance(self.total)
         self.due.extend(e for e in ends.tested if e < self.last_epoch)
         while self.inflight is not None or self.due:
             if self.inflight is not None:
@@ -94,6 +123,9 @@ class GossipModel:
                 self.reported()
             self.poll(w, steps)
         self.settle()
+        if stopped or self.final_reported:  # the resumed run (or the last one) averages it
+            self.report.drain(self.buf, steps, self.waiter)
+            return
         self.xp.copyto(self.buf, w)
         self.red.start(self.buf).wait("the learners' final average model")
         self.xp.multiply(self.buf, 1.0 / self.lam, out=self.buf)

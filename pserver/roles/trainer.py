@@ -72,6 +72,8 @@ class Trainer:
         finally:
             self.ex.close()
             self.prefetch.close()
+        if self.stopped_early and hasattr(self.ex, "signalled"):  # its finish is a cut (ADPSGD)
+            self.ex.signalled()
         self.ex.finish()
         self.prefetch.bye(self.consumed)
         self.report()

@@ -174,7 +174,10 @@ def _end_rows(dump: Dump) -> Problems:
 def _learners(dump: Dump) -> Problems:
     out: Problems = []
     train, learners = dump.group("train"), last_rows(dump.group("learners"), "learner")
+    counts: dict[int, int] = {}
     for lr, mb in zip(learners.get("learner", []), learners.get("minibatches", []), strict=True):
+        counts[int(lr)] = max(counts.get(int(lr), 0), int(mb))
+    for lr, mb in counts.items():
         steps = np.sort(train["step"][train["learner"] == lr]) if train else np.array([])
         if len(steps) != mb or not np.array_equal(steps, np.arange(len(steps))):
             out.append(f"learner {lr}: {mb} minibatches but train steps "

@@ -1,6 +1,7 @@
 """ADPSGD (IBM paper §3, Fig. 3b, Fig. 4): learners only; after each local update a learner
 averages its model with a ring neighbour's, w ← (w + w')/2 (eq. 4). The ring schedule and its
-liveness argument: ``pserver.gossip``; the exchange: ``pserver.roles.gossip``."""
+liveness argument: ``pserver.gossip``; the exchange: ``pserver.roles.gossip`` (the bytes) and
+``pserver.roles.gossip_exchange`` (the trainer's exchange)."""
 
 from __future__ import annotations
 

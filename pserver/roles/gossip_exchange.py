@@ -1,0 +1,107 @@
+"""ADPSGD's learner exchange for the trainer (``pserver.roles.trainer``): one learner's
+:class:`~pserver.roles.gossip.Gossip` (the bytes of the ring exchanges), its local update rule
+and its part in the epoch averages (``pserver.roles.gossip_model``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pserver.gossip import local_epoch
+from pserver.roles.gossip import Gossip
+
+
+class GossipExchange:
+    """The trainer's exchange for ``protocol.name = "adpsgd"`` (``pserver.roles.trainer``):
+    ``weights()`` is a snapshot of the learner's model, ``gradient(g)`` the local update
+    (the parameter-server path's rule, schedule and weight decay, applied here) followed by
+    the exchange, ``finish()`` the goodbyes, then the average model for the statistics server
+    (``pserver.roles.gossip_model``); ``state()`` / ``restore()`` its checkpoint
+    (``pserver.roles.gossip_ckpt``)."""
+
+    freeze_after_weights = False
+    relayed_bytes = 0  # weights forwarded for others: none (an exchange is one's own model)
+
+    def __init__(self, ctx: Any, weights: Any) -> None:
+        from pserver.backend import StagingBuffers
+        from pserver.comm.payload import staged
+        from pserver.local_update import LocalUpdate
+        from pserver.roles.gossip_model import GossipModel
+
+        cfg, xp = ctx.cfg, ctx.xp
+        if ctx.learner_comm is None:
+            raise RuntimeError("ADPSGD needs the learners' communicator")
+        self.waiter = ctx.waiter()
+        self.grad = xp.empty_like(weights)
+        self.have: dict[int, int] = {}
+        self.records: Any = None
+        # scale 1: one's own gradient
+        self.rule = rule = LocalUpdate(cfg.optim, weights.size, xp, weights.dtype)
+        self.backend = ctx.backend
+        lam, batch, n_train = ctx.learner_comm.Get_size(), cfg.data.batch_size, ctx.train_size
+
+        def apply(w: Any, g: Any, step: int) -> None:
+            # the epoch of this learner's step: λ learners at its pace took step·λ minibatches
+            rule.step(w, g, local_epoch(step, lam, batch, n_train))
+
+        stage = None
+        if staged(ctx.backend, cfg.comm.staging):
+            stage = StagingBuffers(ctx.backend, [weights.size] * 2, weights.dtype)
+        self.gossip = Gossip(
+            ctx.learner_comm, xp, self.waiter, weights, apply,
+            threaded=True, stage=stage, synchronize=ctx.backend.synchronize,  # every comm.mode
+            now=ctx.now, activate=ctx.backend.activate,
+            start=getattr(ctx, "resume", None) is None,  # resumed: once restored (restore())
+        )  # fmt: skip
+        self.average = GossipModel(ctx, weights, self.gossip.lock)
+
+    def attach(self, records: Any) -> None:
+        """Where the ``exchanges`` rows go (the trainer's record buffer)."""
+        self.records = records
+
+    def weights(self) -> Any:
+        return self.gossip.snapshot()
+
+    def gradient_buffer(self) -> Any:
+        return self.grad
+
+    def gradient(self, g: Any) -> None:
+        self.gossip.update(g)
+        self.have[0] = steps = self.gossip.clock.own
+        self.average.stepped(self.gossip.w, steps)
+        self.flush_rows()
+
+    def staleness(self) -> tuple[float, int]:
+        return 0.0, 0
+
+    def done(self) -> float:
+        return self.gossip.wait_exchange()
+
+    def close(self) -> None:
+        self.gossip.close()
+
+    def finish(self) -> None:
+        self.gossip.finish()  # goodbyes first: the final average is then the mean of the models
+        self.flush_rows()
+        self.average.finish(self.gossip.w, self.gossip.clock.own)
+
+    def signalled(self) -> None:
+        """The trainer stopped at a signal: ``finish`` cuts the epoch averages for a resume."""
+        self.average.stopped = True
+
+    def state(self) -> Any:
+        from pserver.roles.gossip_ckpt import exchange_state
+
+        return exchange_state(self)
+
+    def restore(self, state: Any) -> None:
+        """The checkpoint's model, rule state and clock, then the engine starts answering."""
+        from pserver.roles.gossip_ckpt import restore_exchange
+
+        restore_exchange(self, state)
+        self.gossip.engine.start()
+
+    def flush_rows(self) -> None:
+        rows = self.gossip.take_rows()
+        if self.records is not None:
+            for row in rows:
+                self.records.add("exchanges", **row)
