@@ -106,7 +106,7 @@ def test_slurm_script_runs_a_job_with_mpiexec_outside_slurm(tmp_path):
 
 @pytest.mark.mpi
 def test_slurm_script_passes_sigterm_on_to_every_rank(tmp_path):
-    """SLURM's time limit (--signal=B:TERM@120) signals the batch script only: it must pass the
+    """A signal for the batch script only (scancel --batch, --signal=B:...): it must pass the
     signal on to the launcher, or the ranks train on, orphaned, until SLURM kills them."""
     import signal
     import time
@@ -142,13 +142,15 @@ def test_slurm_script_passes_sigterm_on_to_every_rank(tmp_path):
 
 
 @pytest.mark.mpi
-def test_slurm_script_turns_the_time_limit_warning_into_a_checkpoint(tmp_path):
+def test_slurm_script_turns_the_time_limit_warning_into_a_checkpoint_to_resume(tmp_path):
     """The script's own --signal=B:USR1 (the time limit is near): SIGTERM to every rank, each
-    checkpoints, exit 75. Outside SLURM there is no job to requeue, and none is tried."""
+    checkpoints, exit 75. Outside SLURM there is no job to requeue, and none is tried; the
+    script with PSERVER_RESUME continues the run."""
     import signal
     import time
 
     from pserver.checkpoint import latest
+    from pserver.stats.reader import load_dump
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(PSERVER_NP="4", PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}")
@@ -178,6 +180,18 @@ def test_slurm_script_turns_the_time_limit_warning_into_a_checkpoint(tmp_path):
     assert "requeue" not in text, text
     manifest = latest(tmp_path / "checkpoint")
     assert manifest is not None and manifest.extra["stopped"]
+
+    # PSERVER_RESUME: a new job continues that run, in place, to a nearer end
+    epochs = int(max(load_dump(tmp_path / "stats.h5").groups["test"]["epoch"], default=0)) + 2
+    res = subprocess.run(
+        ["bash", str(SLURM), f"run.epochs={epochs}", "stats.progress=false"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**env, "PSERVER_RESUME": str(tmp_path)},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"resuming from {tmp_path} (PSERVER_RESUME)" in res.stdout, res.stdout
+    dump = load_dump(tmp_path / "stats.h5")
+    assert dump.attrs["restarts"] == 1 and max(dump.groups["test"]["epoch"]) == epochs
 
 
 def group_members(pgid: int) -> list[int]:
