@@ -7,9 +7,11 @@ its pushes and says goodbye as at the end of a run; the shards end once every le
 every rank then writes its checkpoint (``pserver.roles.ckpt_end``). The handler puts the
 default action back at once, so a second SIGTERM or SIGINT ends the rank immediately.
 
-Hydra's ``mpiexec`` and SLURM's ``srun`` forward SIGTERM (and Ctrl-C's SIGINT) to every rank,
-so every learner sees it; a signal that reaches only some learners still ends the run, since
-the shards end when their last learner has said goodbye.
+Hydra's ``mpiexec`` forwards SIGTERM (and Ctrl-C's SIGINT) to every rank, and under SLURM
+slurmd signals every rank of a step (``scancel``, a requeue; ``srun`` itself turns a SIGTERM
+it gets into SIGKILL for its tasks, so ``scripts/pserver.slurm`` signals them through
+``scancel --signal=TERM``), so every learner sees it; a signal that reaches only some learners
+still ends the run, since the shards end when their last learner has said goodbye.
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ def test_slurm_script_runs_a_job_with_mpiexec_outside_slurm(tmp_path):
 
 @pytest.mark.mpi
 def test_slurm_script_passes_sigterm_on_to_every_rank(tmp_path):
-    """SLURM's time limit (--signal=B:TERM@120) signals the batch script only: it must pass the
+    """A signal for the batch script only (scancel --batch, --signal=B:...): it must pass the
     signal on to the launcher, or the ranks train on, orphaned, until SLURM kills them."""
     import signal
     import time
@@ -139,3 +139,70 @@ def test_slurm_script_passes_sigterm_on_to_every_rank(tmp_path):
     with pytest.raises(ProcessLookupError):  # no rank left behind in the job's group
         os.killpg(proc.pid, 0)
     assert load_dump(tmp_path / "stats.h5").attrs["pserver_version"]
+
+
+@pytest.mark.mpi
+def test_slurm_script_turns_the_time_limit_warning_into_a_checkpoint_to_resume(tmp_path):
+    """The script's own --signal=B:USR1 (the time limit is near): SIGTERM to every rank, each
+    checkpoints, exit 75. Outside SLURM there is no job to requeue, and none is tried; the
+    script with PSERVER_RESUME continues the run."""
+    import signal
+    import time
+
+    from pserver.checkpoint import latest
+    from pserver.stats.reader import load_dump
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(PSERVER_NP="4", PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}")
+    cmd = ["bash", str(SLURM), "run.epochs=100000", f"run.out_dir={tmp_path}",
+           "stats.progress=false", "stats.flush_interval=0.2"]  # fmt: skip
+    log = open(tmp_path / "job.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
+                            start_new_session=True)  # fmt: skip
+    try:
+        deadline, pause = time.monotonic() + 120, 0.1
+        while not (tmp_path / "stats.h5").exists():  # training has started
+            assert proc.poll() is None and time.monotonic() < deadline, "no dump appeared"
+            time.sleep(pause)
+            pause = min(2 * pause, 2.0)
+        os.kill(proc.pid, signal.SIGUSR1)  # the batch script only, as SLURM's --signal=B:
+        proc.wait(timeout=60)
+    finally:
+        left = group_members(proc.pid)  # none should be: then killed, whatever the outcome
+        if left:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        log.close()
+    text = (tmp_path / "job.log").read_text()
+    assert not left, f"processes of the job left running: {left}\n{text}"
+    assert "got SIGUSR1 (the time limit is near); passing SIGTERM to the ranks" in text, text
+    assert proc.returncode == 75 and "pserver.slurm: exit status 75" in text, text
+    assert "requeue" not in text, text
+    manifest = latest(tmp_path / "checkpoint")
+    assert manifest is not None and manifest.extra["stopped"]
+
+    # PSERVER_RESUME: a new job continues that run, in place, to a nearer end
+    tested = load_dump(tmp_path / "stats.h5").groups.get("test", {}).get("epoch", [])
+    epochs = int(max(tested, default=0)) + 2  # no row yet when stopped in epoch 1
+    res = subprocess.run(
+        ["bash", str(SLURM), f"run.epochs={epochs}", "stats.progress=false"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**env, "PSERVER_RESUME": str(tmp_path)},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"resuming from {tmp_path} (PSERVER_RESUME)" in res.stdout, res.stdout
+    dump = load_dump(tmp_path / "stats.h5")
+    assert dump.attrs["restarts"] == 1 and max(dump.groups["test"]["epoch"]) == epochs
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid``."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.getpgid(int(name)) == pgid:
+                    out.append(int(name))
+            except OSError:  # gone meanwhile
+                continue
+    return out

@@ -18,6 +18,7 @@ import pytest
 from mpirun import ROOT
 
 from pserver import launch
+from pserver.checkpoint import latest
 from pserver.stats.reader import load_dump
 
 pytestmark = pytest.mark.slurm
@@ -167,6 +168,69 @@ def test_requeued_job_resumes_in_its_directory_without_hanging(slurm, tmp_path):
     assert (out / "checkpoint" / "LATEST").is_file()
     assert not (out / "stats.restart-0.h5").exists()  # one dump, continued in place
     assert load_dump(out / "stats.h5").attrs["restarts"] == 1
+
+
+def elapsed_s(job: str) -> int:
+    """Seconds the job has run (squeue's ``[D-][H:]M:SS``)."""
+    text = sh("squeue", "-h", "-j", job, "-o", "%M", timeout=20).stdout.strip()
+    days, _, clock = text.rpartition("-")
+    secs = 0
+    for part in clock.split(":"):
+        secs = 60 * secs + int(part)
+    return secs + 86400 * int(days or 0)
+
+
+def read(log: Path) -> str:
+    return log.read_text() if log.exists() else ""
+
+
+def test_time_limit_checkpoints_and_the_job_requeues_itself_to_finish(slurm, tmp_path):
+    """SLURM's own time limit and its warning signal, end to end: the script's USR1 trap stops
+    the ranks (checkpoint, exit 75) and requeues the job, whose next attempt resumes and ends.
+
+    SLURM checks time limits every 30 s and sends ``--signal`` up to 30 s early, so with the
+    smallest limit (1 minute) the signal can come before a loaded machine has started the
+    ranks. The job is therefore submitted with 5 minutes and a 90 s warning, and the limit is
+    lowered (as its owner may) once training runs, to the whole minutes that leave 60-120 s:
+    the warning then comes at SLURM's next check (within 30 s), the limit itself at least 30 s
+    after it. The requeued attempt gets its 5 minutes back (an operator's update: root, as the
+    test cluster runs) and its two-minute hold lifted, so it finishes the run without a second
+    time limit. The run: 12 epochs of at least 4.2 s each (2 learners x 42 minibatches of
+    ``inject.compute_time`` = 0.1 s), longer than the first attempt's at most ~35 s of
+    training."""
+    job = submit(tmp_path, "run.epochs=12", "inject.compute_time=0.1", "stats.flush_interval=0.5",
+                 sbatch=("--requeue", "--time=5", "--signal=B:USR1@90"))  # fmt: skip
+    out, log = tmp_path / "runs" / job, tmp_path / f"{job}.out"
+    try:
+        wait_for("the first attempt's training", lambda: "serving blocks" in read(log))
+        minutes = elapsed_s(job) // 60 + 2
+        res = sh("scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}")
+        assert res.returncode == 0, res.output
+        wait_for("the time limit's requeue", lambda: "requeueing job" in read(log)
+                 and job_state(job) == "PENDING")  # fmt: skip
+        first = read(log)
+        assert "got SIGUSR1 (the time limit is near); passing SIGTERM to the ranks" in first
+        assert "pserver.slurm: exit status 75" in first and "DUE TO TIME LIMIT" not in first
+        assert "checkpoint generation 1 committed" in first, first
+        manifest = latest(out / "checkpoint")
+        assert manifest is not None and manifest.generation == 1 and manifest.extra["stopped"]
+        stopped = load_dump(out / "stats.h5")  # readable, as the stopped attempt left it
+        tested = stopped.groups.get("test", {}).get("epoch", [])  # none when stopped in epoch 1
+        assert stopped.attrs["restarts"] == 0 and len(tested) < 12
+        res = sh("scontrol", "update", f"JobId={job}", "TimeLimit=5", "StartTime=now")
+        if res.returncode != 0:
+            pytest.skip(f"cannot give the requeued job its time back: {res.output.strip()}")
+        wait_for("the resumed attempt's end", lambda: job_state(job) == "")
+    finally:
+        sh("scancel", job)
+    text = finish(job, log)
+    assert f"restart 1 of job {job}: resuming from {out}" in text, text
+    assert text.rstrip().endswith("pserver.slurm: exit status 0"), text
+    dump = load_dump(out / "stats.h5")  # one dump, continued in place, counting the restart
+    assert dump.attrs["restarts"] == 1 and "finished" in dump.attrs
+    assert list(dump.groups["test"]["epoch"])[-1] == 12
+    assert not (out / "stats.restart-0.h5").exists()
+    assert latest(out / "checkpoint").generation == 2
 
 
 def test_srun_without_mpi_plugin_says_so_once(slurm, tmp_path):
