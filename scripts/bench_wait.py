@@ -81,10 +81,11 @@ def make_waiter() -> Any:
     return Waiter(log, PeerLog(), c.poll_min, c.poll_max, c.stall_timeout)
 
 
-def wait_one(comm: Any, kind: str, buf: Any, source: int) -> None:
-    """Receive ``buf`` from ``source``: with the back-off Waiter, a blocking Recv, or asleep."""
+def wait_one(comm: Any, kind: str, buf: Any, source: int, waiter: Any) -> None:
+    """Receive ``buf`` from ``source``: with the back-off ``waiter`` (built before the timing
+    starts: importing pserver's modules is no part of a wait), or a blocking Recv."""
     if kind == "waiter":
-        make_waiter().wait(comm.Irecv(buf, source, 0), "the benchmark message")
+        waiter.wait(comm.Irecv(buf, source, 0), "the benchmark message")
     else:
         comm.Recv(buf, source, 0)
 
@@ -96,6 +97,7 @@ def idle_worker(seconds: float) -> None:
 
     comm = MPI.COMM_WORLD
     rank, buf, out = comm.Get_rank(), np.zeros(1, np.float64), {}
+    waiter = make_waiter()
     for kind in ("waiter", "recv"):
         comm.Barrier()
         if rank == 0:
@@ -105,7 +107,7 @@ def idle_worker(seconds: float) -> None:
             out[kind] = comm.recv(source=1, tag=1)
         elif rank == 1:
             cpu0, t0 = time.process_time(), time.monotonic()
-            wait_one(comm, kind, buf, 0)
+            wait_one(comm, kind, buf, 0, waiter)
             cpu, t1 = time.process_time() - cpu0, time.monotonic()
             res = {"cpu_s": cpu, "wall_s": t1 - t0, "late_ms": (t1 - buf[0]) * 1e3}
             comm.send(res, dest=0, tag=1)
@@ -133,6 +135,7 @@ def contend_worker(seconds: float) -> None:
 
     comm = MPI.COMM_WORLD
     rank, size, buf, out = comm.Get_rank(), comm.Get_size(), np.zeros(1), {}
+    waiter = make_waiter()
     for kind in ("solo", "waiter", "recv"):
         comm.Barrier()
         if rank == 0:
@@ -146,7 +149,7 @@ def contend_worker(seconds: float) -> None:
             rate = cpu = None
         else:
             cpu0, t0 = time.process_time(), time.monotonic()
-            wait_one(comm, kind, buf, 0)
+            wait_one(comm, kind, buf, 0, waiter)
             rate, cpu = None, (time.process_time() - cpu0) / (time.monotonic() - t0)
         got = comm.gather((rate, cpu), root=0)
         if rank == 0:
