@@ -193,7 +193,9 @@ def run(ctx, world) -> int:  # noqa: ANN001 - Context and MPI.Comm, imported laz
         ctx.shm = SharedWindows(
             world, ctx.layout, ctx.blocks, weights.dtype, ctx.nodes, ctx.cfg.comm.versions
         )
-    world.Barrier()
+    # the server may still be loading its update's imports: a blocking Barrier spins MPICH's
+    # progress engine on every other rank meanwhile (~1 s of CPU each per launch)
+    ctx.waiter().wait(world.Ibarrier(), "every rank to be ready to train (the start barrier)")
     # a resumed run's clock goes on from the checkpointed run's (the dump's times continue)
     ctx.t0 = time.time() - (ctx.resume.elapsed if ctx.resume is not None else 0.0)
     # one part, or one per periodic checkpoint (each driver built from the last one's state)
