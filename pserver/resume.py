@@ -38,6 +38,7 @@ from pserver.checkpoint import (
 )
 from pserver.config import Config, pull_timestamp
 from pserver.gossip_ckpt import check_learner
+from pserver.pipeline_ckpt import check_pipeline
 from pserver.prediction_ckpt import check_predictor
 from pserver.strategies import lookup
 from pserver.strategies.base import COLLECTIVE, MODEL_AVERAGING, PARAMETER_SERVER
@@ -206,6 +207,13 @@ def check_state(ctx: Any) -> None:
             expect(state, f"exchange.{name}", (ctx.model.n_params,), dtype, where)
     elif role is Role.STATS and not ctx.dump_path.is_file():
         raise CheckpointError(f"{where}: the dump {ctx.dump_path} to continue is missing")
+    if (
+        role is Role.LEARNER
+        and lookup(ctx.cfg.protocol.name).family == PARAMETER_SERVER
+        and ctx.cfg.comm.mode != "blocking"
+    ):  # the overlapped learner's pipeline (pserver.pipeline_ckpt)
+        blocks = [b.index for b in ctx.blocks]
+        check_pipeline(state, ctx.model.n_params, np.dtype(ctx.model.dtype), blocks, where)
     if role is Role.LEARNER and ctx.cfg.protocol.name == "adpsgd":  # pserver.gossip_ckpt
         dtype = np.dtype(ctx.model.dtype)
         names = list(make_updater(ctx.cfg.optim, 1, np, dtype).state_arrays())

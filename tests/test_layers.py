@@ -70,6 +70,7 @@ PURE = (
     "pserver.prediction_ckpt",  # issue 14: PP-ASGD's predictor in a checkpoint
     "pserver.gossip_ckpt",  # issue 14: ADPSGD's checkpoint: names, the cut, the checks
     "pserver.quota_ckpt",  # issue 14: a learners-only data quota in a checkpoint
+    "pserver.pipeline_ckpt",  # issue 14: the overlapped learner's pipeline in a checkpoint
 )
 IMPURE = ("mpi4py", "pserver.comm", "pserver.roles")
 

@@ -24,6 +24,7 @@ broadcast tree are served by :class:`pserver.roles.bcast.Children`.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -33,8 +34,10 @@ from pserver.checkpoint import State
 from pserver.comm.engine import CommEngine
 from pserver.context import Context
 from pserver.inflight import InflightWindow, inflight_limit
+from pserver.pipeline_ckpt import pipeline_state, restore_pipeline
 from pserver.roles.bcast import Children
 from pserver.roles.learner import waits_for_update
+from pserver.roles.overlap_ckpt import resend
 from pserver.roles.pslink import PSLink
 from pserver.topology import Block
 from pserver.wire import Reply, WireError, reply_kind
@@ -69,6 +72,10 @@ class OverlapExchange:
         self.steps = 0
         self.started = False
         self.must_pull = False  # resumed: the first minibatch waits for the shards' model
+        # the last two pushes (number, {block: timestamp}): their gradients are still in
+        # ``grads``, a checkpoint saves those the shards dropped at their stop (overlap_ckpt)
+        self.recent: deque[tuple[int, dict[int, int]]] = deque(maxlen=2)
+        self.replay: Any = None  # resumed with a pipeline: what begin() sends again
 
     @property
     def relayed_bytes(self) -> int:
@@ -121,7 +128,8 @@ class OverlapExchange:
 
     def ask_all(self) -> None:
         for b in self.link.live():
-            if b.index not in self.asked:
+            # an answer restored from a checkpoint waits to be installed: its block is asked then
+            if b.index not in self.asked and b.index not in self.arrived.keys() | self.current:
                 self.ask(b)
 
     def ask_uncovered(self) -> None:
@@ -150,7 +158,9 @@ class OverlapExchange:
         self.kids.answer()
 
     def start_push(self, grad: Any) -> None:
-        for b in self.link.live():
+        live = self.link.live()
+        self.recent.append((self.steps, {b.index: self.have[b.index] for b in live}))
+        for b in live:
             self.link.push(b, grad)
         if self.window is not None:
             self.window.push()
@@ -183,6 +193,8 @@ class OverlapExchange:
         their first push, the others post their long polls now."""
         self.started = True
         self.engine.start()
+        if self.replay is not None:  # resumed with a pipeline: what the cut left undone
+            resend(self)
         if self.window is None or self.must_pull:
             with self.lock:
                 self.ask_all()
@@ -230,12 +242,17 @@ class OverlapExchange:
         return blocked
 
     def state(self) -> State:
-        """Nothing the shards do not hold: the model is pulled again on resume."""
-        return State({}, {"steps": self.steps})
+        """The pipeline: compute copy, answers not installed, window, dropped pushes
+        (:mod:`pserver.pipeline_ckpt`)."""
+        return pipeline_state(self)
 
     def restore(self, state: State) -> None:
-        """Resume: compute nothing before the shards' checkpointed model has arrived."""
+        """Resume where the cut left the pipeline (:mod:`pserver.pipeline_ckpt`); from a
+        checkpoint without it, compute nothing before the shards' model has arrived."""
         self.steps = int(state.attrs.get("steps", 0))
+        if "pipeline" in state.attrs:
+            restore_pipeline(self, state)
+            return
         self.must_pull = True
         for index in self.have:
             self.have[index] = -1  # older than any model: every block answers with weights
