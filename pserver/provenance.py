@@ -106,8 +106,11 @@ def git_commit(where: Path | None = None) -> str:
 
 def _git(where: Path, *args: str) -> str:
     res = subprocess.run(
-        ["git", "-C", str(where), *args], capture_output=True, text=True, timeout=GIT_TIMEOUT,
-        check=True,
+        # --no-optional-locks: ``git status`` would otherwise take the checkout's index.lock to
+        # refresh the index, and a job killed meanwhile (scancel, a test's timeout) left it
+        # behind, breaking the user's next git command in that checkout
+        ["git", "--no-optional-locks", "-C", str(where), *args], capture_output=True, text=True,
+        timeout=GIT_TIMEOUT, check=True,
     )  # fmt: skip
     return res.stdout.strip()
 

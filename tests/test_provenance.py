@@ -33,3 +33,30 @@ def test_library_line_and_restart_count():
 
 def test_no_commit_outside_a_checkout(tmp_path):
     assert git_commit(tmp_path) == ""
+
+
+def test_reading_the_commit_never_writes_the_checkouts_index(tmp_path):
+    """``git status`` refreshes a stale index through ``index.lock``; a job killed meanwhile
+    (scancel, a timeout) left that lock behind and broke the user's next git command."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        return  # nothing to read: git_commit() is "" (the test above)
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@t")  # fmt: skip
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, env=env,
+                       capture_output=True)  # fmt: skip
+
+    git("init", "-q")
+    (tmp_path / "f").write_text("a")
+    git("add", "f")
+    git("commit", "-qm", "x")
+    os.utime(tmp_path / "f", (1, 1))  # the index's stat data is stale: status would refresh it
+    index = tmp_path / ".git" / "index"
+    before = index.stat().st_ino, index.stat().st_mtime_ns
+    assert git_commit(tmp_path).endswith("-dirty") is False
+    assert (index.stat().st_ino, index.stat().st_mtime_ns) == before
