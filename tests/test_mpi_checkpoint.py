@@ -43,6 +43,21 @@ def final_model(out: Path) -> tuple[np.ndarray, dict]:
         return f["model/weights"][()], dict(f["model/weights"].attrs)
 
 
+def assert_resumed_equals_whole(resumed, whole, a: Path, b: Path) -> None:  # noqa: ANN001
+    """The run resumed in ``a`` and the uninterrupted one in ``b`` both ended well with the
+    same final model, bit for bit; ``a``'s dump has one train row per minibatch, in order, and
+    counts one restart."""
+    assert resumed.returncode == 0, resumed.output
+    assert whole.returncode == 0, whole.output
+    (wa, attrs_a), (wb, attrs_b) = final_model(a), final_model(b)
+    assert attrs_a == attrs_b
+    assert np.array_equal(wa, wb)
+    with h5py.File(a / "stats.h5", "r") as f:
+        steps = f["train/step"][()]
+        assert list(steps) == list(range(len(steps)))  # one row per minibatch, in order
+        assert f.attrs["restarts"] == 1
+
+
 def errors(text: str) -> list[str]:
     return [ln for ln in text.splitlines() if ln.startswith("pserver-run: error:")]
 
@@ -123,17 +138,7 @@ def test_sigterm_checkpoints_every_rank_and_the_resumed_run_is_bit_identical(tmp
     stopped_at = train_rows(a / "stats.h5")
     assert 20 <= stopped_at < 6 * 85, stopped_at  # stopped mid-run, the dump flushed
     print(f"SIGTERM to exit of the last rank: {took:.2f} s")
-    resumed = job(a, *slow, resume=True)
-    assert resumed.returncode == 0, resumed.output
-    whole = job(b, *slow)
-    assert whole.returncode == 0, whole.output
-    (wa, attrs_a), (wb, attrs_b) = final_model(a), final_model(b)
-    assert attrs_a == attrs_b
-    assert np.array_equal(wa, wb)
-    with h5py.File(a / "stats.h5", "r") as f:
-        steps = f["train/step"][()]
-        assert list(steps) == list(range(len(steps)))  # one row per minibatch, in order
-        assert f.attrs["restarts"] == 1
+    assert_resumed_equals_whole(job(a, *slow, resume=True), job(b, *slow), a, b)
 
 
 def rank_pid(tag: str, rank: int) -> int | None:

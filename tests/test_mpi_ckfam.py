@@ -19,7 +19,13 @@ import pytest
 
 from pserver.checkpoint import latest, rank_file, read_state
 from tests.mpirun import QUICKSTART, assert_learned, run_job
-from tests.test_mpi_checkpoint import errors, final_model, stop_with_sigterm, train_rows
+from tests.test_mpi_checkpoint import (
+    assert_resumed_equals_whole,
+    errors,
+    final_model,
+    stop_with_sigterm,
+    train_rows,
+)
 
 pytestmark = pytest.mark.mpi
 
@@ -82,17 +88,7 @@ def test_lambda1_sigterm_then_resume_is_bit_identical(tmp_path, name):
     manifest = latest(a / "checkpoint")
     assert manifest is not None and manifest.extra["stopped"] is True
     assert 20 <= train_rows(a / "stats.h5") < 4 * 85  # stopped mid-run
-    resumed = job(a, n, *slow, resume=True)
-    assert resumed.returncode == 0, resumed.output
-    whole = job(b, n, *slow)
-    assert whole.returncode == 0, whole.output
-    (wa, attrs_a), (wb, attrs_b) = final_model(a), final_model(b)
-    assert attrs_a == attrs_b
-    assert np.array_equal(wa, wb)
-    with h5py.File(a / "stats.h5", "r") as f:
-        steps = f["train/step"][()]
-        assert list(steps) == list(range(len(steps)))  # one row per minibatch, in order
-        assert f.attrs["restarts"] == 1
+    assert_resumed_equals_whole(job(a, n, *slow, resume=True), job(b, n, *slow), a, b)
 
 
 #: λ = 3: (ranks, learner ranks, overrides); MA's rate λ times the serial one (test_mpi_bmuf)

@@ -18,7 +18,13 @@ import numpy as np
 import pytest
 
 from pserver.checkpoint import latest
-from tests.test_mpi_checkpoint import final_model, job, stop_with_sigterm, train_rows
+from tests.test_mpi_checkpoint import (
+    assert_resumed_equals_whole,
+    final_model,
+    job,
+    stop_with_sigterm,
+    train_rows,
+)
 
 pytestmark = pytest.mark.mpi
 
@@ -68,13 +74,7 @@ def test_overlapped_lambda1_sigterm_then_resume_equals_the_uninterrupted_run(tmp
     manifest = latest(a / "checkpoint")
     assert manifest is not None and manifest.extra["stopped"] is True, out
     assert 20 <= train_rows(a / "stats.h5") < 3 * 85
-    resumed = job(a, *slow, resume=True)
-    assert resumed.returncode == 0, resumed.output
-    whole = job(b, *slow)
-    assert whole.returncode == 0, whole.output
-    (wa, attrs_a), (wb, attrs_b) = final_model(a), final_model(b)
-    assert attrs_a == attrs_b
-    assert np.array_equal(wa, wb)
+    assert_resumed_equals_whole(job(a, *slow, resume=True), job(b, *slow), a, b)
     with h5py.File(a / "stats.h5", "r") as f:
         steps = f["train/step"][()]
         assert list(steps) == list(range(len(steps)))  # one row per minibatch, in order
