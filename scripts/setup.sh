@@ -22,3 +22,7 @@ esac
 extras="$mpi,test"
 [ -n "${PSERVER_NO_TORCH:-}" ] || extras="$extras,torch"
 "$venv/bin/python" -m pip install -q -e ".[$extras]"
+# Bytecode for pserver's own modules: an editable install gets none from pip, and where
+# PYTHONDONTWRITEBYTECODE is set (it is on the machines this project is tested on) every rank of every job compiled
+# ~70 modules from source again (0.06 s of CPU per rank, about 0.4 s per 7-rank job here).
+"$venv/bin/python" -m compileall -q pserver learners scripts >/dev/null
