@@ -53,14 +53,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", type=Path, help="count only these node ids")
     p.add_argument("--exclude", type=Path, help="leave these node ids out")
     a = p.parse_args(argv)
-    times = read_times(a.report)
-    if a.only:
-        keep = read_ids(a.only)
-        times = {n: t for n, t in times.items() if n in keep}
-    if a.exclude:
-        drop = read_ids(a.exclude)
-        times = {n: t for n, t in times.items() if n not in drop}
-    jobs, rest, n_jobs, n_rest = share(times, read_ids(a.launching))
+    try:
+        times = read_times(a.report)
+        if a.only:
+            keep = read_ids(a.only)
+            times = {n: t for n, t in times.items() if n in keep}
+        if a.exclude:
+            drop = read_ids(a.exclude)
+            times = {n: t for n, t in times.items() if n not in drop}
+        launching = read_ids(a.launching)
+    except (OSError, ET.ParseError) as e:
+        print(f"suite_share: error: {e}", file=sys.stderr)
+        return 2
+    jobs, rest, n_jobs, n_rest = share(times, launching)
     total = jobs + rest
     if total <= 0:
         print("suite_share: no test times in the report (or none left by --only)", file=sys.stderr)
