@@ -21,10 +21,13 @@ def serial_steps(cfg: Config, n_train: int) -> int:
     return math.ceil(cfg.run.epochs * n_train / cfg.data.batch_size)
 
 
-def train_serial(cfg: Config, dataset: Dataset, steps: int | None = None) -> np.ndarray:
-    """Run plain minibatch SGD and return the final flat weight vector."""
+def train_serial(
+    cfg: Config, dataset: Dataset, steps: int | None = None, w0: np.ndarray | None = None
+) -> np.ndarray:
+    """Run plain minibatch SGD and return the final flat weight vector (from ``w0``, a copy of
+    which is trained, or from ``init_params(run.seed)``)."""
     model = build_model(cfg.model, dataset.n_features, dataset.n_classes, np)
-    w = model.init_params(cfg.run.seed)
+    w = model.init_params(cfg.run.seed) if w0 is None else np.array(w0, dtype=model.dtype)
     grad = np.empty_like(w)
     sampler = BatchSampler(len(dataset.y_train), cfg.data.batch_size, cfg.run.seed)
     updater = make_updater(cfg.optim, model.n_params, np, w.dtype)

@@ -50,6 +50,7 @@ MAY_CHANGE = frozenset({
     "run.blas_threads", "optim.lr_milestones", "optim.lr_gamma",
     "stats.flush_interval", "stats.progress", "stats.test_every", "stats.buffer_rows",
     "comm.stall_timeout", "comm.poll_min", "comm.poll_max", "comm.switch_interval",
+    "model.init_from",  # a resumed run's weights are its checkpoint's (pserver.warm_start)
 })
 
 

@@ -15,6 +15,7 @@ import socket
 import sys
 import time
 import traceback
+from dataclasses import asdict
 from typing import IO
 
 from pserver import __version__
@@ -106,6 +107,12 @@ def main(argv: list[str] | None = None) -> int:
 
             ctx.resume = open_resume(args.resume, cfg, size, rank, ctx.role.value)
             check_state(ctx)
+        if cfg.model.init_from and args.resume is None:  # a resume's w0 is its checkpoint's
+            from pserver.warm_start import load_initial_weights
+
+            ctx.w0 = load_initial_weights(
+                cfg.model.init_from, asdict(cfg.model), ctx.model.n_params, ctx.model.dtype
+            )
         if cfg.run.checkpoint_interval > 0:  # periodic checkpoints: refused as --resume is
             from pserver.resume import refuse_periodic
 
@@ -182,7 +189,8 @@ def run(ctx, world) -> int:  # noqa: ANN001 - Context and MPI.Comm, imported laz
     # communication thread and the GIL", has the figures)
     sys.setswitchinterval(ctx.cfg.comm.switch_interval)
     limit_blas_threads(ctx.cfg.run.blas_threads, ctx.log)
-    weights = ctx.model.init_params(ctx.cfg.run.seed)  # same seed on every rank: same w0
+    # same seed (or the same warm-start file, model.init_from) on every rank: the same w0
+    weights = ctx.model.init_params(ctx.cfg.run.seed) if ctx.w0 is None else ctx.w0
     if ctx.role is Role.SERVER:  # imports of the first update happen before the clock starts
         from pserver.optim import preload
 

@@ -103,6 +103,8 @@ class ModelConfig:
     # kind = "torch" | "python": "path/to/file.py:factory" or "package.module:factory"
     # (docs/models.md)
     module: str = ""
+    # a run directory (or its stats.h5) whose final model is this run's w0 (pserver.warm_start)
+    init_from: str = ""
 
 
 @dataclass

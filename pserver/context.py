@@ -48,6 +48,7 @@ class Context:
     latest: Path | None = None  # the run directory's ``latest`` link (pserver.rundir), if any
     hosts: list[str] = field(default_factory=list)  # the host of every rank (provenance)
     resume: Any = None  # pserver.resume.Resume: the checkpoint this rank continues from
+    w0: Any = None  # model.init_from: the initial weights read from another run (warm start)
 
     @property
     def role(self) -> Role:

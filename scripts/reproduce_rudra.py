@@ -18,7 +18,9 @@ its accelerator: the CPU stays free for the other ranks), so μ changes the runt
 * hardsync: α = α0 √(μλ/B) with B the baseline's μ (``protocol.ref_batch``, §V-B);
 * n-softsync and async: α = α0/n, eq. (6) as published (``protocol.lr_policy = "nominal"``),
   except where fig4 compares it with α0 (``none``);
-* no learning-rate decay (the runs are a few epochs), the same momentum SGD everywhere.
+* no learning-rate decay (the runs are a few epochs), the same momentum SGD everywhere;
+* table4 warm-starts every run from one model trained ``--warm-epochs`` (1) with hardsync
+  (§V-D; ``model.init_from``).
 
 Each experiment prints its table, then one line per qualitative claim of the paper:
 ``REPRODUCED`` or ``NOT REPRODUCED`` with the figures behind the verdict, and draws the
@@ -637,32 +639,57 @@ def table2_claims(outcomes: Sequence[Outcome]) -> list[Claim]:
 # -- table4: Rudra-base, -adv, -adv* ----------------------------------------------------------
 
 
-def table4_jobs(args: argparse.Namespace) -> list[Job]:
+def warm_job(args: argparse.Namespace) -> Job:
+    """Rudra §V-D's warm start: hardsync for ``--warm-epochs`` on the base layout, whose final
+    model every Table IV run then starts from (``model.init_from``)."""
+    return Job("warm-hardsync", args.learners, args.batch,
+               ("protocol.name=hardsync", f"run.epochs={args.warm_epochs}"))  # fmt: skip
+
+
+def table4_jobs(args: argparse.Namespace, warm: str | None = None) -> list[Job]:
+    """The four configurations of Table IV; with ``warm`` (a run directory) each starts from
+    that run's final model."""
     base, adv, k = args.learners, args.adv_learners, args.fanout
     mu_base, mu_adv = args.batch, max(1, args.batch // 4)  # the paper: 16 and 4
     soft = ("protocol.name=softsync", "protocol.n=1", "protocol.lr_policy=nominal")
+    start = (f"model.init_from={warm}",) if warm else ()
     return [
-        Job("base-hardsync", base, mu_base, ("protocol.name=hardsync",)),
-        Job("base-softsync", base, mu_base, soft),
-        Job("adv-softsync", adv, mu_adv, (*soft, f"cluster.tree_fanout={k}"), fanout=k),
+        Job("base-hardsync", base, mu_base, ("protocol.name=hardsync", *start)),
+        Job("base-softsync", base, mu_base, (*soft, *start)),
+        Job("adv-softsync", adv, mu_adv, (*soft, f"cluster.tree_fanout={k}", *start), fanout=k),
         Job(
             "adv*-softsync",
             adv,
             mu_adv,
-            (*soft, f"cluster.tree_fanout={k}", "comm.mode=thread", f"cluster.bcast_fanout={k}"),
+            (
+                *soft,
+                f"cluster.tree_fanout={k}",
+                "comm.mode=thread",
+                f"cluster.bcast_fanout={k}",
+                *start,
+            ),  # fmt: skip
             fanout=k,
         ),
     ]
 
 
 def table4(args: argparse.Namespace) -> tuple[list[Outcome], list[Claim]]:
-    print(
-        "Table IV from a cold start: the paper warm-starts the 1-softsync runs from a model "
-        "trained 1 epoch with hardsync, which needs checkpoints pserver cannot write yet; "
-        "every run here starts from the same random weights, with the same momentum SGD "
-        "(the paper used AdaGrad for 1-softsync)."
-    )
-    outcomes = run_jobs(args, table4_jobs(args))
+    warm = None
+    if args.warm_epochs > 0:
+        print(
+            f"Table IV from a warm start, as the paper's (§V-D): every run starts from the model "
+            f"of {args.warm_epochs} hardsync epoch(s) on the base layout (model.init_from; the "
+            "paper warm-starts its 1-softsync runs, here base-hardsync too, so that all four "
+            "compare from one model), with the same momentum SGD (the paper used AdaGrad for "
+            "1-softsync)."
+        )
+        first = run_jobs(args, [warm_job(args)])[0]
+        if not first.ok:
+            print(f"the warm-start run failed ({first.message}): every run starts cold")
+        warm = first.out_dir if first.ok else None
+    else:
+        print("Table IV from a cold start (--warm-epochs 0): every run from the same seed.")
+    outcomes = run_jobs(args, table4_jobs(args, warm))
     by = {o.job.key: o for o in outcomes}
     arch = {
         "base-hardsync": "Rudra-base",
@@ -806,6 +833,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     add("--adv-learners", type=int, help="table4: λ of adv and adv* (default: 3 × --learners)")
     add("--fanout", type=int, help="table4: tree and broadcast fan-out (default: 4; quick: 2)")
+    add(
+        "--warm-epochs",
+        type=int,
+        default=1,
+        help="table4: hardsync epochs of the model every run starts from, 0 for a cold start "
+        "(default: %(default)s)",
+    )
     add("--out", type=Path, help="output directory (default: runs/rudra/EXPERIMENT)")
     add("--config", type=Path, default=CONFIG, help="base config (default: %(default)s)")
     add("--quick", action="store_true", help="smoke test: 1 epoch, the fewest learners")
@@ -838,6 +872,8 @@ def fill_defaults(p: argparse.ArgumentParser, args: argparse.Namespace) -> argpa
         p.error("--mu-small must be below --mu-large")
     if args.fanout < 2:
         p.error("--fanout must be >= 2")
+    if args.warm_epochs < 0:
+        p.error("--warm-epochs must be >= 0")
     if min(args.lambdas) < 1:
         p.error("--lambdas must be >= 1")
     args.lambdas = sorted(set(args.lambdas))

@@ -71,6 +71,7 @@ PURE = (
     "pserver.gossip_ckpt",  # issue 14: ADPSGD's checkpoint: names, the cut, the checks
     "pserver.quota_ckpt",  # issue 14: a learners-only data quota in a checkpoint
     "pserver.pipeline_ckpt",  # issue 14: the overlapped learner's pipeline in a checkpoint
+    "pserver.warm_start",  # issue 15: model.init_from, another run's final model as w0
 )
 IMPURE = ("mpi4py", "pserver.comm", "pserver.roles")
 

@@ -37,6 +37,20 @@ def test_sweep_plan_has_both_contours_and_the_mu_lambda_diagonal():
     assert "protocol.lr_policy=nominal" in soft.overrides  # eq. (6) as published: α0/λ
 
 
+def test_table4_plan_warm_starts_every_run_from_the_hardsync_model():
+    args = rr.parse_args(["table4"])
+    assert args.warm_epochs == 1
+    warm = rr.warm_job(args)
+    assert "protocol.name=hardsync" in warm.overrides and "run.epochs=1" in warm.overrides
+    assert warm.ranks() == 3 + args.learners  # the base layout
+    jobs = rr.table4_jobs(args, "runs/x/warm-hardsync")
+    assert all("model.init_from=runs/x/warm-hardsync" in j.overrides for j in jobs)
+    cold = rr.table4_jobs(args)
+    assert not any(o.startswith("model.init_from") for j in cold for o in j.overrides)
+    with pytest.raises(SystemExit):
+        rr.parse_args(["table4", "--warm-epochs", "-1"])
+
+
 def test_table4_plan_adds_the_aggregators():
     jobs = {j.key: j for j in rr.table4_jobs(rr.parse_args(["table4"]))}
     assert jobs["base-hardsync"].ranks() == 3 + 4
