@@ -133,8 +133,9 @@ def test_lambda4_sigterm_then_resume_learns(tmp_path):
     the dump (one restart), checks consistent and learns."""
     a, n = tmp_path / "a", 7
     slow = [SHM, "protocol.name=hardsync", "inject.compute_time=0.01", "stats.flush_interval=0.1"]
-    stop_with_sigterm(a, slow, n)
+    _, took = stop_with_sigterm(a, slow, n)
     committed_files(a, n)
+    print(f"SIGTERM to exit of the last rank (shm, λ = 4): {took:.2f} s")
     resumed = job(a, n, *slow, resume=True)
     assert resumed.returncode == 0, resumed.output
     dump = load_dump(a / "stats.h5")
