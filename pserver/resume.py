@@ -1,17 +1,18 @@
 """What a checkpoint supports, and ``--resume RUN_DIR``: read and check it before training.
 
 Checkpoints cover the flat parameter-server family (hardsync, n-softsync, async, SSP, PSP; one
-or more shards, ``comm.mode`` blocking, thread or nonblocking, messages transport) with or
+or more shards, ``comm.mode`` blocking, thread or nonblocking, messages or shm transport: what
+lives in the shared window and why none of it needs saving, ``pserver.roles.shm_ckpt``) with or
 without PP-ASGD's prediction layer (``protocol.predict``: the shards save their predictors,
 ``pserver.prediction_ckpt``), the lockstep strategies of the collective family (SYNC, HYBRID:
 ``pserver.roles.lockstep_ckpt``, ``pserver.roles.draws_ckpt``), its gossip strategy ADPSGD
 (the learners save their models, optimizer state and clocks, ``pserver.roles.gossip_ckpt``)
 and the model-averaging family (BMUF, MA: the shards' W and Δ, learners stopped at a block's
-start). Lockstep and block learners stop on a signal at one boundary they agree on
-(``pserver.roles.stop_vote``); ADPSGD's free-running learners each stop at their own step
-boundary and complete their exchanges with goodbyes. Every other combination (trees, partial
-pulling, the shm transport) is refused by :func:`unsupported`'s one line when a checkpoint is
-asked for (``--resume``), and such a run ends a SIGTERM at once, without a checkpoint (the
+start; either transport). Lockstep and block learners stop on a signal at one boundary they
+agree on (``pserver.roles.stop_vote``); ADPSGD's free-running learners each stop at their own
+step boundary and complete their exchanges with goodbyes. Every other combination (trees,
+partial pulling) is refused by :func:`unsupported`'s one line when a checkpoint is asked for
+(``--resume``), and such a run ends a SIGTERM at once, without a checkpoint (the
 signal's default action). A strategy of another family supports checkpoints once its roles
 have ``state()`` / ``restore()`` (see ``pserver.roles.ckpt_end``) and it is listed in
 ``FAMILIES`` (and not in ``NOT_YET``).
@@ -64,8 +65,6 @@ def unsupported(cfg: Config) -> str | None:
         return f"cluster.tree_fanout = {cfg.cluster.tree_fanout} (aggregator tree)"
     if cfg.cluster.bcast_fanout > 0:
         return f"cluster.bcast_fanout = {cfg.cluster.bcast_fanout} (broadcast tree)"
-    if cfg.comm.transport != "messages":
-        return f'comm.transport = "{cfg.comm.transport}"'
     if cfg.protocol.pull_fraction < 1.0:
         return f"protocol.pull_fraction = {cfg.protocol.pull_fraction} (partial pulling)"
     if pull_timestamp(cfg) == "iteration":  # the learners' iteration tags are not saved
@@ -79,8 +78,8 @@ def refuse_unsupported(cfg: Config, what: str) -> None:
         raise CheckpointError(
             f"{what}: checkpoints are not supported with {why}; they cover the flat "
             "parameter-server strategies (hardsync, softsync, async, ssp, psp, with or without "
-            'protocol.predict) over comm.transport = "messages" without trees or partial '
-            "pulling, sync, hybrid, adpsgd, bmuf and ma (docs/checkpoints.md)"
+            "protocol.predict) without trees or partial pulling, sync, hybrid, adpsgd, bmuf "
+            "and ma (docs/checkpoints.md)"
         )
 
 

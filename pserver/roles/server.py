@@ -26,6 +26,7 @@ from pserver.roles.shard_pulls import PullAnswers
 from pserver.roles.shard_rows import ShardRows, prediction_summary
 from pserver.roles.shard_state import BlockBuilder, BlockState
 from pserver.roles.shard_versions import summary
+from pserver.roles.shm_ckpt import host_copy
 from pserver.roles.snapshots import SNAPSHOT_QUEUE_MAX, snapshot_queue
 from pserver.shard_ckpt import block_state, restore_block
 from pserver.wire import (
@@ -190,6 +191,8 @@ class ServerShard:
         self.live.discard(h.sender)
         for st in self.blocks.values():
             st.arith.protocol.retire(self.ctx.layout.index(h.sender))
+            # its last loan of a window version: it computes nothing more (pserver.roles.shm_ckpt)
+            st.versions.unpin_reader(h.sender)
             # a learner stopped by a signal (pserver.signals) or paused for a periodic
             # checkpoint while the others finish their step: the round they complete no longer
             # waits for it (hardsync's lockstep); once every learner is gone a round below its
@@ -206,8 +209,9 @@ class ServerShard:
         """Every block's state, taken after the loop: every learner has said goodbye."""
         arrays: dict[str, Any] = {}
         blocks: dict[str, Any] = {}
+        to_host = host_copy(self.ctx.backend.to_host, self.shm)  # w may lie in the window
         for index, st in self.blocks.items():
-            a, attrs = block_state(st.arith, index, self.ctx.backend.to_host)
+            a, attrs = block_state(st.arith, index, to_host)
             arrays.update(a)
             blocks[str(index)] = attrs
         return State(arrays, {"role": "server", "shard": self.shard, "blocks": blocks})
