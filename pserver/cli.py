@@ -183,6 +183,9 @@ def run(ctx, world) -> int:  # noqa: ANN001 - Context and MPI.Comm, imported laz
     ctx.log = setup_logging(ctx.rank, ctx.layout.describe(ctx.rank), ctx.cfg.run.log_level)
     if ctx.rank == 0:
         log_provenance(ctx)
+        if ctx.w0 is not None:
+            ctx.log.info("initial weights: the final model of %s (model.init_from)",
+                         ctx.cfg.model.init_from)  # fmt: skip
     ctx.channels = Channels.create(world)
     # a thread that waits for the GIL gets it after at most this long: Python's default 5 ms
     # starves a comm thread beside pure-Python compute (docs/architecture.md, "The
