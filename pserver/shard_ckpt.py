@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from pserver.partial_pull_ckpt import restore_rounds, rounds_state
 from pserver.prediction_ckpt import predictor_arrays, predictor_state, restore_predictor
 from pserver.shard_block import ShardBlock
 
@@ -42,6 +43,9 @@ def block_state(b: ShardBlock, index: int, to_host: Any) -> tuple[dict[str, np.n
     save = getattr(b.protocol, "state", None)
     if callable(save):
         attrs["protocol"] = save()
+    rounds = getattr(b.protocol, "rounds", None)
+    if rounds is not None:  # hardsync, psp: each learner's response (pserver.partial_pull_ckpt)
+        attrs["rounds"] = rounds_state(rounds)
     if b.predictor is not None:  # PP-ASGD: S̄, the last rate and S, the probe in flight
         more, attrs["predictor"] = predictor_state(b.predictor, index, to_host)
         arrays.update(more)
@@ -63,6 +67,9 @@ def restore_block(
     load = getattr(b.protocol, "restore", None)
     if callable(load) and "protocol" in attrs:
         load(attrs["protocol"])
+    rounds = getattr(b.protocol, "rounds", None)
+    if rounds is not None and "rounds" in attrs:
+        restore_rounds(rounds, attrs["rounds"], b.ts)
     if b.predictor is not None:
         restore_predictor(b.predictor, index, arrays, attrs["predictor"], copy_in)
     after = getattr(b, "restored", None)  # a block serving another model than w (BMUF's)
