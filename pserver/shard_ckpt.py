@@ -11,7 +11,9 @@ The cut is taken once every learner has delivered its pushes and said goodbye
 fewer than the round's gradients arrived) is not saved; its gradients are counted in the
 ``open_round`` attribute and the resumed block starts a fresh round. Protocol state (SSP's
 clocks, PSP's deadlines) restarts level too, unless the protocol offers ``state()`` /
-``restore()`` (the hook a protocol with state worth keeping fills). PP-ASGD's predictor
+``restore()`` (the hook a protocol with state worth keeping fills); hardsync's and PSP's round
+accounting keeps the largest iteration tag each learner pushed (``attrs["rounds"]``, what the
+iteration rule's liveness needs across a resume: ``pserver.partial_pull_ckpt``). PP-ASGD's predictor
 (``protocol.predict``) is saved whole: ``pserver.prediction_ckpt``. With λ = 1 nothing is
 lost: every round is one gradient, so the resumed run repeats the uninterrupted one bit for
 bit (tests/test_mpi_checkpoint.py).
