@@ -10,12 +10,13 @@ without PP-ASGD's prediction layer (``protocol.predict``: the shards save their 
 and the model-averaging family (BMUF, MA: the shards' W and Δ, learners stopped at a block's
 start; either transport). Lockstep and block learners stop on a signal at one boundary they
 agree on (``pserver.roles.stop_vote``); ADPSGD's free-running learners each stop at their own
-step boundary and complete their exchanges with goodbyes. Every other combination (trees,
-partial pulling) is refused by :func:`unsupported`'s one line when a checkpoint is asked for
-(``--resume``), and such a run ends a SIGTERM at once, without a checkpoint (the
-signal's default action). A strategy of another family supports checkpoints once its roles
-have ``state()`` / ``restore()`` (see ``pserver.roles.ckpt_end``) and it is listed in
-``FAMILIES`` (and not in ``NOT_YET``).
+step boundary and complete their exchanges with goodbyes. Partial pulling and the iteration
+rule (``protocol.pull_fraction < 1``, ``protocol.pull_timestamp = "iteration"``) are covered by
+``pserver.partial_pull_ckpt``. Every other combination (trees) is refused by
+:func:`unsupported`'s one line when a checkpoint is asked for (``--resume``), and such a run
+ends a SIGTERM at once, without a checkpoint (the signal's default action). A strategy of
+another family supports checkpoints once its roles have ``state()`` / ``restore()`` (see
+``pserver.roles.ckpt_end``) and it is listed in ``FAMILIES`` (and not in ``NOT_YET``).
 
 :func:`open_resume` runs inside ``prepare`` on every rank, so any problem (no checkpoint, a
 corrupt or truncated file, another rank count, a config that changed a key outside
@@ -37,8 +38,10 @@ from pserver.checkpoint import (
     latest,
     rank_file,
 )
-from pserver.config import Config, pull_timestamp
+from pserver.config import Config
 from pserver.gossip_ckpt import check_learner
+from pserver.partial_pull_ckpt import check_learner as check_copies
+from pserver.partial_pull_ckpt import keeps_copies
 from pserver.pipeline_ckpt import check_pipeline
 from pserver.prediction_ckpt import check_predictor
 from pserver.strategies import lookup
@@ -65,10 +68,6 @@ def unsupported(cfg: Config) -> str | None:
         return f"cluster.tree_fanout = {cfg.cluster.tree_fanout} (aggregator tree)"
     if cfg.cluster.bcast_fanout > 0:
         return f"cluster.bcast_fanout = {cfg.cluster.bcast_fanout} (broadcast tree)"
-    if cfg.protocol.pull_fraction < 1.0:
-        return f"protocol.pull_fraction = {cfg.protocol.pull_fraction} (partial pulling)"
-    if pull_timestamp(cfg) == "iteration":  # the learners' iteration tags are not saved
-        return 'protocol.pull_timestamp = "iteration"'
     return None
 
 
@@ -78,8 +77,8 @@ def refuse_unsupported(cfg: Config, what: str) -> None:
         raise CheckpointError(
             f"{what}: checkpoints are not supported with {why}; they cover the flat "
             "parameter-server strategies (hardsync, softsync, async, ssp, psp, with or without "
-            "protocol.predict) without trees or partial pulling, sync, hybrid, adpsgd, bmuf "
-            "and ma (docs/checkpoints.md)"
+            "protocol.predict, with or without partial pulling) without trees, sync, hybrid, "
+            "adpsgd, bmuf and ma (docs/checkpoints.md)"
         )
 
 
@@ -213,6 +212,14 @@ def check_state(ctx: Any) -> None:
     ):  # the overlapped learner's pipeline (pserver.pipeline_ckpt)
         blocks = [b.index for b in ctx.blocks]
         check_pipeline(state, ctx.model.n_params, np.dtype(ctx.model.dtype), blocks, where)
+    if (
+        role is Role.LEARNER
+        and lookup(ctx.cfg.protocol.name).family == PARAMETER_SERVER
+        and ctx.cfg.comm.mode == "blocking"
+        and keeps_copies(ctx.cfg)
+    ):  # partial pulling: the copies and the iteration tag (pserver.partial_pull_ckpt)
+        blocks = [b.index for b in ctx.blocks]
+        check_copies(state, ctx.model.n_params, np.dtype(ctx.model.dtype), blocks, where)
     if role is Role.LEARNER and ctx.cfg.protocol.name == "adpsgd":  # pserver.gossip_ckpt
         dtype = np.dtype(ctx.model.dtype)
         names = list(make_updater(ctx.cfg.optim, 1, np, dtype).state_arrays())

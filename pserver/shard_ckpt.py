@@ -11,7 +11,9 @@ The cut is taken once every learner has delivered its pushes and said goodbye
 fewer than the round's gradients arrived) is not saved; its gradients are counted in the
 ``open_round`` attribute and the resumed block starts a fresh round. Protocol state (SSP's
 clocks, PSP's deadlines) restarts level too, unless the protocol offers ``state()`` /
-``restore()`` (the hook a protocol with state worth keeping fills). PP-ASGD's predictor
+``restore()`` (the hook a protocol with state worth keeping fills); hardsync's and PSP's round
+accounting keeps the largest iteration tag each learner pushed (``attrs["rounds"]``, what the
+iteration rule's liveness needs across a resume: ``pserver.partial_pull_ckpt``). PP-ASGD's predictor
 (``protocol.predict``) is saved whole: ``pserver.prediction_ckpt``. With λ = 1 nothing is
 lost: every round is one gradient, so the resumed run repeats the uninterrupted one bit for
 bit (tests/test_mpi_checkpoint.py).
@@ -23,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from pserver.partial_pull_ckpt import restore_rounds, rounds_state
 from pserver.prediction_ckpt import predictor_arrays, predictor_state, restore_predictor
 from pserver.shard_block import ShardBlock
 
@@ -42,6 +45,9 @@ def block_state(b: ShardBlock, index: int, to_host: Any) -> tuple[dict[str, np.n
     save = getattr(b.protocol, "state", None)
     if callable(save):
         attrs["protocol"] = save()
+    rounds = getattr(b.protocol, "rounds", None)
+    if rounds is not None:  # hardsync, psp: each learner's response (pserver.partial_pull_ckpt)
+        attrs["rounds"] = rounds_state(rounds)
     if b.predictor is not None:  # PP-ASGD: S̄, the last rate and S, the probe in flight
         more, attrs["predictor"] = predictor_state(b.predictor, index, to_host)
         arrays.update(more)
@@ -63,6 +69,9 @@ def restore_block(
     load = getattr(b.protocol, "restore", None)
     if callable(load) and "protocol" in attrs:
         load(attrs["protocol"])
+    rounds = getattr(b.protocol, "rounds", None)
+    if rounds is not None and "rounds" in attrs:
+        restore_rounds(rounds, attrs["rounds"], b.ts)
     if b.predictor is not None:
         restore_predictor(b.predictor, index, arrays, attrs["predictor"], copy_in)
     after = getattr(b, "restored", None)  # a block serving another model than w (BMUF's)

@@ -91,7 +91,6 @@ def test_a_continued_dump_keeps_its_rows_and_appends(tmp_path):
     [
         ("cluster.tree_fanout", 2, "tree_fanout"),
         ("cluster.bcast_fanout", 2, "bcast_fanout"),
-        ("protocol.pull_fraction", 0.5, "pull_fraction"),
     ],
 )
 def test_unsupported_combinations_are_named(key, value, named):

@@ -27,7 +27,9 @@ part wins: the run ends with exit 75 as without periodic checkpoints.
 
 Liveness: a part ends on every rank because every learner reaches a step boundary or the
 run's end (a learner waiting in a pull is answered once the learners that paused retired from
-the round it waits for, and SSP's bound releases the pulls it held for them), after which the
+the round it waits for, and SSP's bound releases the pulls it held for them; under the
+iteration rule of partial pulling it leaves its pull once its own pause is due instead,
+``pserver.partial_pull_ckpt``), after which the
 roles' loops end as at any run's end; the write and agreement are those of
 ``pserver.roles.ckpt_end`` (every rank reports, even one that failed to write; every wait
 through ``Waiter`` with back-off and a stall report). Each part makes progress: it runs at least

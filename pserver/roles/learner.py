@@ -21,12 +21,14 @@ in ``pserver/protocols/rounds.py``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pserver.checkpoint import State
 from pserver.config import pull_timestamp
 from pserver.context import Context
-from pserver.partial_pull import REFRESH, USE, PartialPull, PullRule
+from pserver.partial_pull import ITERATION, REFRESH, USE, PartialPull, PullRule
+from pserver.partial_pull_ckpt import keeps_copies, learner_state, restore_learner
 from pserver.roles.pslink import PSLink
 from pserver.strategies import lookup
 from pserver.topology import Block
@@ -56,6 +58,11 @@ class PSExchange:
         self.partial = PartialPull(len(self.blocks), p.pull_fraction, p.tau2)
         self.rule = PullRule(pull_timestamp(self.cfg), waits_for_update(ctx))
         self.steps = 0
+        # a stop asked while waiting in a pull (the trainer's, ``Trainer.interrupt``): under the
+        # iteration rule the learner leaves the pull, and says goodbye before collecting its
+        # held pulls (pserver.partial_pull_ckpt: the cut's liveness)
+        self.interrupt: Callable[[], bool] = lambda: False
+        self.leaving = False
 
     def shm_setup(self, ctx: Context) -> None:
         """``comm.transport = "shm"``: blocks whose shard shares our node go through its window."""
@@ -98,11 +105,23 @@ class PSExchange:
         pass
 
     def state(self) -> State:
-        """Nothing the shards do not hold: the model is pulled again on resume."""
+        """Nothing the shards do not hold: the model is pulled again on resume. With partial
+        pulling or the iteration rule: the copies, their timestamps and the iteration tag
+        (``pserver.partial_pull_ckpt``)."""
+        if keeps_copies(self.cfg):
+            w = self.ctx.backend.to_host(self.link.w)
+            return learner_state(w, self.have, self.rule.tag, self.steps)
         return State({}, {"steps": self.steps})
 
     def restore(self, state: State) -> None:
-        """Resume: the first minibatch waits for the shards' checkpointed model."""
+        """Resume: the first minibatch waits for the shards' checkpointed model (with partial
+        pulling: for ``ceil(b · blocks)`` blocks newer than the saved tag, on the saved copies)."""
+        if keeps_copies(self.cfg) and "tag" in state.attrs:
+            w, have, self.rule.tag, steps = restore_learner(state)
+            self.ctx.backend.copy_from_host(w, self.link.w)
+            self.have.update(have)
+            self.steps = max(1, steps)  # > 0: weights() pulls first
+            return
         self.steps = max(1, int(state.attrs.get("steps", 0)))  # > 0: weights() pulls first
         for index in self.have:
             self.have[index] = -1  # older than any model: every block answers with weights
@@ -119,17 +138,24 @@ class PSExchange:
             if b.index not in self.asked:
                 self.ask(b)
         fresh: list[Block] = []
+        left = False
 
         def done() -> bool:
+            nonlocal left
             for b in self.link.answered():
                 self.on_reply(b, fresh)
-            return not self.asked or self.partial.ready(self.ctx.now())
+            if not self.asked or self.partial.ready(self.ctx.now()):
+                return True
+            left = self.rule.rule == ITERATION and self.interrupt()
+            return left
 
         self.waiter.until(done, lambda: f"weights of blocks {sorted(self.asked)}")
         # the next compute overwrites ``grad``; the server took the pushes before our pulls
         self.waiter.waitall(self.link.pushing, "gradient pushes to be delivered")
         self.link.pushing.clear()
         self.install(fresh)
+        if left:  # a stop at this step boundary: the tag stays that of the last push
+            return False
         self.rule.pulled({i: ts for i, ts in self.have.items() if i not in self.stopped})
         return not self.link.all_stopped()
 
@@ -137,6 +163,8 @@ class PSExchange:
         return self.rule.oldest(self.have[b.index])
 
     def ask(self, b: Block) -> None:
+        if self.leaving:  # said goodbye at a cut: collect answers, ask nothing more
+            return
         self.link.ask(b, self.oldest(b), payload=b.index not in self.shared)
 
     def on_reply(self, b: Block, fresh: list[Block]) -> None:
@@ -217,9 +245,26 @@ class PSExchange:
         """Collect late replies, cancel the idle receives, and say goodbye upstream."""
         late: list[Block] = []
         self.waiter.waitall(self.link.pushing, "the last gradient pushes to be delivered")
+        if self.asked and self.rule.rule == ITERATION:  # a cut (pserver.partial_pull_ckpt)
+            self.leave(late)
+            return
         while self.asked:
             index, req = next(iter(self.asked.items()))
             self.waiter.wait(req, f"the late reply of block {index}")
             del self.asked[index]
             self.on_reply(self.by_index[index], late)
         self.link.goodbye()
+
+    def leave(self, late: list[Block]) -> None:
+        """The cut under the iteration rule: goodbye first, so that every shard answers our
+        held pulls STOP (``PullAnswers.release``), then collect every answer, asking nothing
+        again, and keep the weights that came (``pserver.partial_pull_ckpt``, point 2)."""
+        self.leaving = True
+        self.link.say_bye()
+        while self.asked:
+            index, req = next(iter(self.asked.items()))
+            self.waiter.wait(req, f"the last reply of block {index} (after our goodbye)")
+            del self.asked[index]
+            self.on_reply(self.by_index[index], late)
+        self.install(late)
+        self.link.cancel_posted()

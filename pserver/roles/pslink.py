@@ -103,10 +103,19 @@ class PSLink:
 
     def goodbye(self) -> None:
         """Cancel the idle payload receives and say goodbye to every upstream rank."""
+        self.cancel_posted()
+        self.say_bye()
+
+    def cancel_posted(self) -> None:
+        """Cancel the idle payload receives (no WEIGHTS answer will fill them)."""
         for req in self.posted.values():
             req.Cancel()
         MPI.Request.Waitall(list(self.posted.values()))
         self.posted.clear()
+
+    def say_bye(self) -> None:
+        """Goodbye to every upstream rank (after ``cancel_posted``, or at a cut under the
+        iteration rule before collecting the answers, ``PSExchange.leave``)."""
         bye = Header(Tag.BYE, -1, -1, self.ctx.rank).pack(self.out[0])
         for upstream in sorted(set(self.owner.values()) | set(self.source.values())):
             self.ch.ctrl.Send(bye, upstream, Tag.BYE)

@@ -189,6 +189,7 @@ class ServerShard:
 
     def on_bye(self, h: Header) -> None:
         self.live.discard(h.sender)
+        self.pulls.release(h.sender)  # held pulls of a learner that left at a cut: STOP
         for st in self.blocks.values():
             st.arith.protocol.retire(self.ctx.layout.index(h.sender))
             # its last loan of a window version: it computes nothing more (pserver.roles.shm_ckpt)

@@ -43,6 +43,14 @@ class ShardInjection:
             out.append(heapq.heappop(self.delayed)[2])
         return out
 
+    def release(self, sender: int) -> list[Header]:
+        """The delayed pulls of ``sender``, taken out now (it said goodbye: answered at once)."""
+        mine = [h for _, _, h in self.delayed if h.sender == sender]
+        if mine:
+            self.delayed = [e for e in self.delayed if e[2].sender != sender]
+            heapq.heapify(self.delayed)
+        return mine
+
     def slow_down(self, elapsed: float) -> None:
         """Straggler shard: stretch the handling time by ``inject.server_factor``."""
         factor = self.plan.server_slowdown(self.shard)

@@ -52,6 +52,21 @@ class PullAnswers:
         for h in waiting:
             self.answer(h)
 
+    def release(self, sender: int) -> None:
+        """``sender`` said goodbye with pulls still held (a learner stopped at a cut under the
+        iteration rule, ``pserver.partial_pull_ckpt``): answer each STOP, now. They may ask for
+        rounds that only learners stopping too could fill; the learner computes nothing more,
+        and collects these answers after its goodbye. Other learners say goodbye with no pull
+        held (they collect their answers first): nothing to do."""
+        for st in self.blocks.values():
+            for held in (st.waiting_pulls, st.starved):
+                mine = sum(h.sender == sender for h in held)
+                held[:] = [h for h in held if h.sender != sender]
+                for _ in range(mine):
+                    self.reply(sender, st, Reply.STOP)
+        for h in self.inject.release(sender):
+            self.reply(sender, self.blocks[h.block], Reply.STOP)
+
     def on_pull(self, h: Header) -> None:
         learner = self.ctx.layout.index(h.sender)
         request, delay = self.inject.delay(h, learner, self.ctx.now())

@@ -61,6 +61,8 @@ class Trainer:
         interval = self.cfg.run.checkpoint_interval
         self.pause_at = ctx.now() + interval if interval > 0 else math.inf
         self.paused = False
+        if hasattr(exchange, "interrupt"):  # it may leave a pull for a stop (iteration rule)
+            exchange.interrupt = self.interrupt
         if getattr(ctx, "resume", None) is not None:
             self.restore(ctx.resume.state)
 
@@ -97,6 +99,24 @@ class Trainer:
         elif self.pause_due():
             self.paused = True
         return self.stopped_early or self.paused
+
+    def interrupt(self) -> bool:
+        """Whether a learner waiting in a pull should leave it and stop where it is, at the
+        step boundary after its last push (the iteration rule's cut, pserver.partial_pull_ckpt):
+        a signal, or a periodic pause that is due. In a part's first pull (no step yet) only
+        one interval after the pause was due, so a part still makes progress whenever a pull
+        is quicker than ``run.checkpoint_interval``; a learner left alone in a round by the
+        others' pause still leaves it."""
+        from pserver.signals import STOP
+
+        if STOP.requested:
+            self.stopped_early = True
+            return True
+        now, interval = self.ctx.now(), self.cfg.run.checkpoint_interval
+        if self.pause_at < math.inf and now >= self.pause_at + (0 if self.consumed else interval):
+            self.paused = True
+            return True
+        return False
 
     def pause_due(self) -> bool:
         """A periodic checkpoint is due, and this part of the run took a step at least (so
