@@ -89,8 +89,6 @@ def test_a_continued_dump_keeps_its_rows_and_appends(tmp_path):
 @pytest.mark.parametrize(
     ("key", "value", "named"),
     [
-        ("cluster.tree_fanout", 2, "tree_fanout"),
-        ("cluster.bcast_fanout", 2, "bcast_fanout"),
         ("comm.transport", "shm", "transport"),
         ("protocol.pull_fraction", 0.5, "pull_fraction"),
     ],
@@ -101,6 +99,43 @@ def test_unsupported_combinations_are_named(key, value, named):
     section, name = key.split(".")
     setattr(getattr(cfg, section), name, value)
     assert named in unsupported(cfg)
+
+
+@pytest.mark.parametrize(("key", "tree"), [("tree_fanout", "aggregator tree"),
+                                           ("bcast_fanout", "learner broadcast tree")])
+def test_trees_are_checkpointed_and_a_changed_fanout_is_refused_by_name(key, tree):
+    """Both trees were refused (``unsupported`` named them) before their cut was drained
+    (pserver.roles.aggregator_ckpt, pserver.roles.bcast); a resume must keep the fan-out."""
+    from pserver.checkpoint import CheckpointError
+    from pserver.resume import check_trees
+
+    cfg = Config()
+    cfg.comm.mode = "thread"
+    setattr(cfg.cluster, key, 2)
+    assert unsupported(cfg) is None
+    saved = cfg.to_dict()
+    check_trees(saved, cfg, "runs/x")  # unchanged: accepted
+    setattr(cfg.cluster, key, 3)
+    with pytest.raises(CheckpointError) as e:
+        check_trees(saved, cfg, "runs/x")
+    assert f"cluster.{key} = 2 ({tree}), this run has 3" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_the_learners_below_an_aggregator_are_its_subtrees():
+    from pserver.roles.aggregator_ckpt import departed_learners, subtree_learners
+    from pserver.topology import make_layout
+
+    cfg = Config()
+    cfg.cluster.tree_fanout, cfg.cluster.servers = 2, 1
+    lay = make_layout(3 + 8 + 6, cfg)  # 8 learners, 4 leaf aggregators below 2 top ones
+    below = {a: subtree_learners(lay, a) for a in lay.aggregators}
+    tops = [a for a in lay.aggregators if a not in lay.parent]
+    assert sorted(below[a] for a in tops) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    leaves = sorted(below[a] for a in lay.aggregators if a not in tops)
+    assert leaves == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert departed_learners(lay, lay.learners[2]) == [2]
+    assert departed_learners(lay, tops[0]) == below[tops[0]]
 
 
 def test_a_continued_dump_drops_the_rows_written_after_its_checkpoint(tmp_path):

@@ -52,6 +52,16 @@ class PullAnswers:
         for h in waiting:
             self.answer(h)
 
+    def release_departed(self, st: BlockState, sender: int) -> None:
+        """STOP to the pulls ``sender`` left held when it said goodbye: an aggregator leaves a
+        cut with its long polls out (``pserver.roles.aggregator_ckpt``); a learner never does."""
+        held = [h for h in st.waiting_pulls + st.starved if h.sender == sender]
+        held += self.inject.withdraw(sender, st.block.index)
+        st.waiting_pulls = [h for h in st.waiting_pulls if h.sender != sender]
+        st.starved = [h for h in st.starved if h.sender != sender]
+        for _ in held:
+            self.reply(sender, st, Reply.STOP)
+
     def on_pull(self, h: Header) -> None:
         learner = self.ctx.layout.index(h.sender)
         request, delay = self.inject.delay(h, learner, self.ctx.now())
