@@ -140,8 +140,10 @@ def state(agg: Any) -> State:
     """An aggregator's checkpoint: its byte counts (the cut leaves it nothing else to keep)
     and its children (the tree's layout, checked by ``pserver.resume.check_state``)."""
     attrs = {
-        "role": "aggregator", "children": sorted(agg.children),  # checked on resume
-        "bytes_in": agg.bytes_in, "bytes_out": agg.bytes_out,
+        "role": "aggregator",
+        "children": sorted(agg.children),  # checked on resume
+        "bytes_in": agg.bytes_in,
+        "bytes_out": agg.bytes_out,
     }
     return State({}, attrs)
 
