@@ -8,15 +8,17 @@ without PP-ASGD's prediction layer (``protocol.predict``: the shards save their 
 ``pserver.roles.lockstep_ckpt``, ``pserver.roles.draws_ckpt``), its gossip strategy ADPSGD
 (the learners save their models, optimizer state and clocks, ``pserver.roles.gossip_ckpt``)
 and the model-averaging family (BMUF, MA: the shards' W and Δ, learners stopped at a block's
-start; either transport). Lockstep and block learners stop on a signal at one boundary they
-agree on (``pserver.roles.stop_vote``); ADPSGD's free-running learners each stop at their own
-step boundary and complete their exchanges with goodbyes. Partial pulling and the iteration
-rule (``protocol.pull_fraction < 1``, ``protocol.pull_timestamp = "iteration"``) are covered by
-``pserver.partial_pull_ckpt``. Every other combination (trees) is refused by
-:func:`unsupported`'s one line when a checkpoint is asked for (``--resume``), and such a run
-ends a SIGTERM at once, without a checkpoint (the signal's default action). A strategy of
-another family supports checkpoints once its roles have ``state()`` / ``restore()`` (see
-``pserver.roles.ckpt_end``) and it is listed in ``FAMILIES`` (and not in ``NOT_YET``).
+start; either transport); the parameter-server family also with Rudra-adv's aggregator tree
+and the learner broadcast tree (``pserver.roles.aggregator_ckpt``, ``pserver.roles.bcast``: the
+cut drains them, the fan-outs must not change on resume), and with partial pulling and the
+iteration rule (``protocol.pull_fraction < 1``, ``protocol.pull_timestamp = "iteration"``:
+``pserver.partial_pull_ckpt``). Lockstep and block learners stop on a signal at one boundary
+they agree on (``pserver.roles.stop_vote``); ADPSGD's free-running learners each stop at their
+own step boundary and complete their exchanges with goodbyes. A strategy of a new family is
+refused by :func:`unsupported`'s one line when a checkpoint is asked for (``--resume``), and
+such a run ends a SIGTERM at once, without a checkpoint (the signal's default action), until
+its roles have ``state()`` / ``restore()`` (see ``pserver.roles.ckpt_end``) and it is listed
+in ``FAMILIES`` (and not in ``NOT_YET``).
 
 :func:`open_resume` runs inside ``prepare`` on every rank, so any problem (no checkpoint, a
 corrupt or truncated file, another rank count, a config that changed a key outside
@@ -64,10 +66,6 @@ def unsupported(cfg: Config) -> str | None:
     strategy = lookup(cfg.protocol.name)
     if strategy.family not in FAMILIES or strategy.name in NOT_YET:
         return f"protocol.name = {cfg.protocol.name!r} ({strategy.family} family)"
-    if cfg.cluster.tree_fanout > 0:
-        return f"cluster.tree_fanout = {cfg.cluster.tree_fanout} (aggregator tree)"
-    if cfg.cluster.bcast_fanout > 0:
-        return f"cluster.bcast_fanout = {cfg.cluster.bcast_fanout} (broadcast tree)"
     return None
 
 
@@ -75,10 +73,10 @@ def refuse_unsupported(cfg: Config, what: str) -> None:
     why = unsupported(cfg)
     if why is not None:
         raise CheckpointError(
-            f"{what}: checkpoints are not supported with {why}; they cover the flat "
+            f"{what}: checkpoints are not supported with {why}; they cover the "
             "parameter-server strategies (hardsync, softsync, async, ssp, psp, with or without "
-            "protocol.predict, with or without partial pulling) without trees, sync, hybrid, "
-            "adpsgd, bmuf and ma (docs/checkpoints.md)"
+            "protocol.predict, with or without trees or partial pulling, either transport), "
+            "sync, hybrid, adpsgd, bmuf and ma (docs/checkpoints.md)"
         )
 
 
@@ -96,6 +94,22 @@ def refuse_periodic(cfg: Config) -> None:
             f"{cfg.protocol.name!r} (its learners pause at no common point); it checkpoints "
             "at its end and on SIGTERM (docs/checkpoints.md)"
         )
+
+
+TREES = {"tree_fanout": "aggregator tree", "bcast_fanout": "learner broadcast tree"}
+
+
+def check_trees(saved: dict[str, Any], cfg: Config, run_dir: str) -> None:
+    """The trees' fan-outs place the ranks (``pserver.topology``): a resumed run keeps them.
+    Checked before the rank count, which a changed aggregator tree changes too."""
+    for key, tree in TREES.items():
+        old, now = saved.get("cluster", {}).get(key, 0), getattr(cfg.cluster, key)
+        if old != now:
+            raise CheckpointError(
+                f"--resume {run_dir}: the checkpoint was written with cluster.{key} = {old} "
+                f"({tree}), this run has {now}: the rank layout would change; resume with "
+                f"cluster.{key}={old}"
+            )
 
 
 @dataclass(frozen=True)
@@ -127,6 +141,7 @@ def open_resume(run_dir: str, cfg: Config, world_size: int, rank: int, role: str
         raise CheckpointError(
             f"--resume {run_dir}: no checkpoint there ({ckpt / 'LATEST'} does not exist)"
         )
+    check_trees(manifest.config, cfg, run_dir)
     if manifest.world_size != world_size:
         raise CheckpointError(
             f"--resume {run_dir}: the checkpoint was written by {manifest.world_size} ranks, "
@@ -203,6 +218,14 @@ def check_state(ctx: Any) -> None:
             names.append("pre")
         for name in names:
             expect(state, f"exchange.{name}", (ctx.model.n_params,), dtype, where)
+    elif role is Role.AGGREGATOR:  # the tree placed by node (pserver.topology.tree_layout)
+        saved = state.attrs.get("children")
+        now = sorted(ctx.layout.children(ctx.rank))
+        if saved is not None and list(saved) != now:
+            raise CheckpointError(
+                f"{where}: this aggregator's children were ranks {list(saved)}, they are {now} "
+                "now: the aggregator tree was laid out on other nodes; resume on the same hosts"
+            )
     elif role is Role.STATS and not ctx.dump_path.is_file():
         raise CheckpointError(f"{where}: the dump {ctx.dump_path} to continue is missing")
     if (

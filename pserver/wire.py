@@ -34,6 +34,9 @@ class Tag(enum.IntEnum):
     RECORDS = 9  # anyone -> stats server: a small dict of statistics rows (pickled control data)
     SERVER_BYE = 10  # server -> stats server: the shard is finished
     CLOCK = 11  # aggregator -> parent, right after a PUSH with aux = n: n (learner, timestamp)
+    # aggregator -> parent: learner ``aux`` (its index) said goodbye below us: a round no longer
+    # waits for it (hardsync's Rounds.retire at a cut, pserver.roles.aggregator_ckpt)
+    RETIRE = 12
 
 
 @enum.unique
@@ -41,6 +44,9 @@ class Reply(enum.IntEnum):
     WEIGHTS = 1  # newer weights follow as a payload
     CURRENT = 2  # the learner's copy is current: no payload (Rudra's timestamp inquiry)
     STOP = 3  # training is over for this block
+    # a relaying learner of the broadcast tree stopped at a cut (a signal, a periodic pause):
+    # no newer weights will come from it in this part (pserver.roles.bcast_ckpt)
+    LEFT = 4
 
 
 # -- the aux word, one encoder and one decoder per message kind --------------------------------
@@ -121,6 +127,16 @@ def bye_aux(consumed: int) -> int:
 
 def bye_consumed(aux: int) -> int:
     """The minibatches a learner computed on; see bye_aux."""
+    return aux
+
+
+def retire_aux(learner: int) -> int:
+    """The aux word of a RETIRE: the index of the learner that said goodbye."""
+    return int(learner)
+
+
+def retired_learner(aux: int) -> int:
+    """The learner a RETIRE names; see retire_aux."""
     return aux
 
 

@@ -86,19 +86,18 @@ def test_a_continued_dump_keeps_its_rows_and_appends(tmp_path):
         assert f.attrs["run"] == 2
 
 
-@pytest.mark.parametrize(
-    ("key", "value", "named"),
-    [
-        ("cluster.tree_fanout", 2, "tree_fanout"),
-        ("cluster.bcast_fanout", 2, "bcast_fanout"),
-    ],
-)
-def test_unsupported_combinations_are_named(key, value, named):
-    cfg = Config()
-    assert unsupported(cfg) is None
-    section, name = key.split(".")
-    setattr(getattr(cfg, section), name, value)
-    assert named in unsupported(cfg)
+def test_every_strategy_and_layout_is_checkpointable():
+    """``unsupported`` once named trees, shm and partial pulling; each was refused until its
+    cut was argued and tested (aggregator_ckpt, bcast, shm_ckpt, partial_pull_ckpt): now no
+    registered strategy, transport, tree or pull rule is refused."""
+    from pserver.strategies import REGISTRY
+
+    for name in REGISTRY:
+        assert unsupported(load_config(None, [f"protocol.name={name}"])) is None, name
+    for extra in (["cluster.tree_fanout=2"], ["cluster.bcast_fanout=2", "comm.mode=thread"],
+                  ["comm.transport=shm"], ["protocol.name=psp", "protocol.pull_fraction=0.5"],
+                  ["protocol.pull_timestamp=iteration"]):  # fmt: skip
+        assert unsupported(load_config(None, extra)) is None, extra
 
 
 def test_the_shm_transport_is_checkpointed():
@@ -107,6 +106,43 @@ def test_the_shm_transport_is_checkpointed():
     for name in ("hardsync", "async", "bmuf", "ma"):
         cfg = load_config(None, ["comm.transport=shm", f"protocol.name={name}"])
         assert unsupported(cfg) is None, name
+
+
+@pytest.mark.parametrize(("key", "tree"), [("tree_fanout", "aggregator tree"),
+                                           ("bcast_fanout", "learner broadcast tree")])
+def test_trees_are_checkpointed_and_a_changed_fanout_is_refused_by_name(key, tree):
+    """Both trees were refused (``unsupported`` named them) before their cut was drained
+    (pserver.roles.aggregator_ckpt, pserver.roles.bcast); a resume must keep the fan-out."""
+    from pserver.checkpoint import CheckpointError
+    from pserver.resume import check_trees
+
+    cfg = Config()
+    cfg.comm.mode = "thread"
+    setattr(cfg.cluster, key, 2)
+    assert unsupported(cfg) is None
+    saved = cfg.to_dict()
+    check_trees(saved, cfg, "runs/x")  # unchanged: accepted
+    setattr(cfg.cluster, key, 3)
+    with pytest.raises(CheckpointError) as e:
+        check_trees(saved, cfg, "runs/x")
+    assert f"cluster.{key} = 2 ({tree}), this run has 3" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_the_learners_below_an_aggregator_are_its_subtrees():
+    from pserver.roles.aggregator_ckpt import departed_learners, subtree_learners
+    from pserver.topology import make_layout
+
+    cfg = Config()
+    cfg.cluster.tree_fanout, cfg.cluster.servers = 2, 1
+    lay = make_layout(3 + 8 + 6, cfg)  # 8 learners, 4 leaf aggregators below 2 top ones
+    below = {a: subtree_learners(lay, a) for a in lay.aggregators}
+    tops = [a for a in lay.aggregators if a not in lay.parent]
+    assert sorted(below[a] for a in tops) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    leaves = sorted(below[a] for a in lay.aggregators if a not in tops)
+    assert leaves == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert departed_learners(lay, lay.learners[2]) == [2]
+    assert departed_learners(lay, tops[0]) == below[tops[0]]
 
 
 def test_a_continued_dump_drops_the_rows_written_after_its_checkpoint(tmp_path):

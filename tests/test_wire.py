@@ -42,9 +42,10 @@ from pserver.wire import (
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("pserver", "learners", "scripts")
 WIRE = ROOT / "pserver" / "wire.py"
-ENCODERS = {"pull_aux", "push_aux", "sum_aux", "reply_aux", "model_aux", "bye_aux"}
+ENCODERS = {"pull_aux", "push_aux", "sum_aux", "reply_aux", "model_aux", "bye_aux",
+            "retire_aux"}
 DECODERS = {"pull_oldest", "push_iteration", "push_summed", "split_reply", "reply_kind",
-            "model_epoch", "bye_consumed"}  # fmt: skip
+            "model_epoch", "bye_consumed", "retired_learner"}  # fmt: skip
 
 
 def through_header(kind: Tag, aux: int) -> int:
@@ -106,6 +107,11 @@ def test_model_round_trip(epoch):
 @pytest.mark.parametrize("consumed", [0, 1, 4097])
 def test_bye_round_trip(consumed):
     assert bye_consumed(through_header(Tag.BYE, bye_aux(consumed))) == consumed
+
+
+@pytest.mark.parametrize("learner", [0, 5, 4097])
+def test_retire_round_trip(learner):
+    assert wire.retired_learner(through_header(Tag.RETIRE, wire.retire_aux(learner))) == learner
 
 
 def test_the_helpers_named_here_are_wire_functions():

@@ -19,10 +19,12 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from pserver.checkpoint import State
 from pserver.comm.inbox import Inbox
 from pserver.comm.payload import Payloads
 from pserver.context import Context
 from pserver.protocols.pull import pull_answer
+from pserver.roles import aggregator_ckpt as cut
 from pserver.topology import Block
 from pserver.versions import VersionPool, release_completed
 from pserver.wire import (
@@ -91,7 +93,10 @@ class Aggregator:
         self.replies = header_buffer(len(ctx.blocks))
         self.clockbuf = np.empty(0, dtype=np.int64)
         self.bytes_in = self.bytes_out = 0
-        self.handlers = {Tag.PUSH: self.on_push, Tag.PULL: self.on_pull, Tag.BYE: self.on_bye}
+        self.handlers = {Tag.PUSH: self.on_push, Tag.PULL: self.on_pull, Tag.BYE: self.on_bye,
+                         Tag.RETIRE: lambda h: cut.on_retire(self, h)}
+        if ctx.resume is not None:  # checkpoints: pserver.roles.aggregator_ckpt
+            cut.restore(self, ctx.resume.state)
 
     def make_relay(self, b: Block, parent: int, weights: Any) -> Relay:
         """Versions: ``comm.versions`` (0: one per child + the served one), plus the buffer the
@@ -174,7 +179,7 @@ class Aggregator:
         r = self.relays[h.block]
         oldest = pull_oldest(h.aux)
         answer = pull_answer(stopped=r.stopped, ts=r.ts, holds=h.timestamp, accepts=oldest)
-        if answer is None:
+        if answer is None or (r.ts == cut.NOT_CACHED and answer is not Reply.STOP):
             r.waiting.append(h)
         elif answer is not Reply.WEIGHTS:
             self.reply(h.sender, r, answer)
@@ -257,6 +262,7 @@ class Aggregator:
         for r in self.relays.values():
             if not r.stopped:
                 self.maybe_forward(r)
+        cut.child_left(self, h.sender)  # its held pulls answered, a learner retired upwards
 
     # -- end ---------------------------------------------------------------------------------
 
@@ -269,20 +275,15 @@ class Aggregator:
             self.drain([q for q, _ in r.serving], "weight sends to children")
             r.serving.clear()
             self.drain(r.forwarding, "the last sum to reach the parent")
-            if r.asked is not None:  # not stopped yet: the parent still owes an answer
-                self.waiter.wait(r.asked, f"the parent's last reply for block {r.block.index}")
-                r.asked = None
-                self.on_parent_reply(r)
-            if r.posted is not None:
-                r.posted.Cancel()
-                r.posted.Wait()
-        bye = Header(Tag.BYE, -1, -1, self.ctx.rank).pack(self.out[0])
-        for parent in sorted({r.parent for r in self.relays.values()}):
-            self.ch.ctrl.Send(bye, parent, Tag.BYE)
+        cut.leave(self)  # goodbye first: a parent not done answers our long polls at it
         self.records.add(
             "aggregators", aggregator=self.ctx.layout.index(self.ctx.rank), rank=self.ctx.rank,
             bytes_in=self.bytes_in, bytes_out=self.bytes_out, wait_time=self.waiter.waited,
             **self.records.usage(),
         )
         self.records.close(self.waiter)
+        bye = Header(Tag.BYE, -1, -1, self.ctx.rank).pack(self.out[0])
         self.records.bye(bye, Tag.BYE, self.waiter)
+
+    def state(self) -> State:
+        return cut.state(self)

@@ -5,6 +5,27 @@ served from versions of the model (:mod:`pserver.versions`): a send pins the ver
 so installing a new model never waits for a slow or stopped child; a pull that finds no free
 version is held (only that pull waits) and served whenever a version is released. A pull for
 weights newer than ours waits until we install them; a stopped block answers STOP.
+
+Checkpoints (a signal, a periodic pause: ``pserver.roles.ckpt_end``). Gradients go from every
+learner straight to its shard or aggregator, so a relaying learner holds no gradient at a cut:
+only its children's pulls. It stops at a step boundary with its pushes delivered and the answers
+to its last pulls collected but not installed; it computes, and so installs, nothing more. A
+child waiting for a model newer than ours would wait for ever: under hardsync or PSP that model
+needs our next gradient or our retirement from the rounds, our goodbye to the shards, which we
+send only once every child said goodbye. So from our cut on (:meth:`Children.leave`) a pull we
+would hold is answered ``Reply.LEFT``; a pull our installed model answers is served as before
+(a child behind us catches up to our model). A child takes LEFT as its own cut
+(``OverlapExchange.ended``): it computes nothing more, ends its part with its pushes delivered,
+answers its own children LEFT in turn and says goodbye. LEFT is not STOP: the child's pipeline
+records no push as dropped (``pserver.pipeline_ckpt``), so nothing is sent twice on resume; its
+unanswered block is asked again then, and we install our saved answer at our first minibatch
+and serve it. Async and n-softsync children ask for weights of any age, which we never hold:
+they stop at their own cut. Liveness: we wait for our last answers (rounds close once every
+learner pushed or retired) and then for goodbyes, and every child reaches one, by itself or
+at the LEFT its next held pull gets. No gradient passes through us, so none is lost or doubled.
+A child stops at our round or before it, so with λ > 1 (a broadcast tree needs two learners
+under one upstream) a cut can close a round with fewer gradients: the resumed run learns as
+the uninterrupted one, not bit for bit (tests/test_mpi_ckpt_tree.py).
 """
 
 from __future__ import annotations
@@ -44,6 +65,7 @@ class Children:
         self.incoming = self.pool.reserve()  # w_comm: where the next model arrives
         self.relay = Payloads(ctx.backend, link.blocks, link.w.dtype, ctx.cfg.comm.staging)
         self.relayed_bytes = 0
+        self.leaving = False  # we stopped at a cut: a pull we would hold is answered LEFT
 
     def progress(self) -> bool:
         """Release finished sends, serve held pulls, read the children's messages; True when
@@ -83,7 +105,9 @@ class Children:
         answer = pull_answer(
             stopped=b.index in link.stopped, ts=ts, holds=h.timestamp, accepts=pull_oldest(h.aux)
         )
-        if answer is None:
+        if answer is None and self.leaving:
+            self.reply(h.sender, b, ts, Reply.LEFT)
+        elif answer is None:
             self.waiting.append(h)
         elif answer is not Reply.WEIGHTS:
             self.reply(h.sender, b, ts, answer)
@@ -133,6 +157,13 @@ class Children:
     def ensure_versions(self) -> None:
         while len(self.bufs) < self.pool.allocated:
             self.bufs.append(self.xp.empty_like(self.link.w))
+
+    def leave(self) -> None:
+        """We stopped at a cut (a signal, a periodic pause) with our last pushes delivered and
+        our last pulls answered: answer ``Reply.LEFT`` to every pull for a model newer than
+        ours, now and until our children said goodbye (see the module's *Checkpoints*)."""
+        self.leaving = True
+        self.answer()
 
     def drained(self) -> bool:
         """Every child said goodbye, every send to one is done, no pull is held."""

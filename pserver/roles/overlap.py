@@ -76,6 +76,7 @@ class OverlapExchange:
         # ``grads``, a checkpoint saves those the shards dropped at their stop (overlap_ckpt)
         self.recent: deque[tuple[int, dict[int, int]]] = deque(maxlen=2)
         self.replay: Any = None  # resumed with a pipeline: what begin() sends again
+        self.left = False  # our broadcast-tree parent stopped at a cut (pserver.roles.bcast)
 
     @property
     def relayed_bytes(self) -> int:
@@ -110,6 +111,8 @@ class OverlapExchange:
             self.arrived[b.index] = h.timestamp
             if self.window is not None:
                 self.window.answer(b.index)
+        elif kind == Reply.LEFT:  # our broadcast-tree parent stopped at a cut: so do we
+            self.left = True
         elif kind == Reply.CURRENT and self.window is not None:  # a request of any age
             self.current.add(b.index)
             self.window.answer(b.index)
@@ -206,19 +209,21 @@ class OverlapExchange:
         need_new = (self.waits_for_update and self.steps > 0) or self.must_pull
         while True:  # twice at most when bounded (pserver.inflight: liveness, point 4)
             self.wait(
-                lambda n=need_new: (
-                    self.link.all_stopped() or self.model_ready() or self.may_go(n)
-                ),
+                lambda n=need_new: self.ended() or self.model_ready() or self.may_go(n),
                 self.waiting_for(),
             )
             with self.lock:
-                if self.link.all_stopped():
+                if self.ended():
                     return None
                 if self.model_ready():
                     self.install_arrived()
                     need_new = self.must_pull = False
                 if self.may_go(need_new):
                     return self.link.w
+
+    def ended(self) -> bool:
+        """Every block stopped, or our broadcast-tree parent left at a cut (bcast_ckpt)."""
+        return self.link.all_stopped() or self.left
 
     def gradient_buffer(self) -> Any:
         return self.grads[self.steps % 2]  # free: its push finished before the last began
@@ -238,6 +243,9 @@ class OverlapExchange:
         # stopped by a signal (pserver.signals) before the shards stopped: our last pull
         # requests are answered once the rounds our pushes complete are applied
         self.wait(lambda: not self.link.asked, "the answers to our last pull requests")
+        if not self.link.all_stopped():  # a cut: our children get no newer model from us
+            with self.lock:
+                self.kids.leave()
         self.wait(self.kids.drained, self.kids.pending())
         return blocked
 

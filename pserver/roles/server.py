@@ -21,6 +21,7 @@ from pserver.comm.payload import Payloads
 from pserver.comm.waiting import Waiter
 from pserver.config import inject_plan
 from pserver.context import Context
+from pserver.roles.aggregator_ckpt import departed_learners
 from pserver.roles.shard_inject import ShardInjection
 from pserver.roles.shard_pulls import PullAnswers
 from pserver.roles.shard_rows import ShardRows, prediction_summary
@@ -36,6 +37,7 @@ from pserver.wire import (
     header_buffer,
     push_iteration,
     push_summed,
+    retired_learner,
 )
 
 __all__ = ["SNAPSHOT_QUEUE_MAX", "BlockState", "ServerShard", "snapshot_queue"]
@@ -63,7 +65,7 @@ class ServerShard:
         self.predicts = self.cfg.protocol.predict and not self.staged
         build = BlockBuilder(ctx, self.shm, self.staged, len(self.live))
         self.blocks = build.blocks(mine, weights)
-        self.handlers = {Tag.PUSH: self.on_push, Tag.BYE: self.on_bye}
+        self.handlers = {Tag.PUSH: self.on_push, Tag.BYE: self.on_bye, Tag.RETIRE: self.on_retire}
         self.rows = ShardRows(self.records, self.shard, min(self.blocks), ctx.now)
         self.dropped_after_stop = 0
         self.bytes_in = 0
@@ -189,11 +191,23 @@ class ServerShard:
 
     def on_bye(self, h: Header) -> None:
         self.live.discard(h.sender)
-        self.pulls.release(h.sender)  # held pulls of a learner that left at a cut: STOP
         for st in self.blocks.values():
-            st.arith.protocol.retire(self.ctx.layout.index(h.sender))
+            # held pulls of a child that left at a cut (an aggregator's long polls, a learner's
+            # under the iteration rule, pserver.partial_pull_ckpt): STOP, now
+            self.pulls.release_departed(st, h.sender)
             # its last loan of a window version: it computes nothing more (pserver.roles.shm_ckpt)
             st.versions.unpin_reader(h.sender)
+        # a learner, or a top aggregator (its subtree's learners, retired already by RETIRE)
+        self.retire(departed_learners(self.ctx.layout, h.sender))
+
+    def on_retire(self, h: Header) -> None:
+        """A learner below an aggregator said goodbye (``pserver.roles.aggregator_ckpt``)."""
+        self.retire([retired_learner(h.aux)])
+
+    def retire(self, learners: list[int]) -> None:
+        for st in self.blocks.values():
+            for learner in learners:
+                st.arith.protocol.retire(learner)
             # a learner stopped by a signal (pserver.signals) or paused for a periodic
             # checkpoint while the others finish their step: the round they complete no longer
             # waits for it (hardsync's lockstep); once every learner is gone a round below its

@@ -43,13 +43,13 @@ class ShardInjection:
             out.append(heapq.heappop(self.delayed)[2])
         return out
 
-    def release(self, sender: int) -> list[Header]:
-        """The delayed pulls of ``sender``, taken out now (it said goodbye: answered at once)."""
-        mine = [h for _, _, h in self.delayed if h.sender == sender]
+    def withdraw(self, sender: int, block: int) -> list[Header]:
+        """Take back ``sender``'s delayed pulls of ``block`` (it left: answered at once)."""
+        mine = [e for e in self.delayed if e[2].sender == sender and e[2].block == block]
         if mine:
-            self.delayed = [e for e in self.delayed if e[2].sender != sender]
+            self.delayed = [e for e in self.delayed if e not in mine]
             heapq.heapify(self.delayed)
-        return mine
+        return [e[2] for e in mine]
 
     def slow_down(self, elapsed: float) -> None:
         """Straggler shard: stretch the handling time by ``inject.server_factor``."""

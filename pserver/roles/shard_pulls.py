@@ -52,20 +52,18 @@ class PullAnswers:
         for h in waiting:
             self.answer(h)
 
-    def release(self, sender: int) -> None:
-        """``sender`` said goodbye with pulls still held (a learner stopped at a cut under the
-        iteration rule, ``pserver.partial_pull_ckpt``): answer each STOP, now. They may ask for
-        rounds that only learners stopping too could fill; the learner computes nothing more,
-        and collects these answers after its goodbye. Other learners say goodbye with no pull
-        held (they collect their answers first): nothing to do."""
-        for st in self.blocks.values():
-            for held in (st.waiting_pulls, st.starved):
-                mine = sum(h.sender == sender for h in held)
-                held[:] = [h for h in held if h.sender != sender]
-                for _ in range(mine):
-                    self.reply(sender, st, Reply.STOP)
-        for h in self.inject.release(sender):
-            self.reply(sender, self.blocks[h.block], Reply.STOP)
+    def release_departed(self, st: BlockState, sender: int) -> None:
+        """STOP to the pulls ``sender`` left held when it said goodbye, now: an aggregator
+        leaves a cut with its long polls out (``pserver.roles.aggregator_ckpt``), and a learner
+        under the iteration rule says goodbye before collecting its last answers
+        (``pserver.partial_pull_ckpt``: they may ask for rounds only learners stopping too
+        could fill). Other learners say goodbye with no pull held: nothing to do."""
+        held = [h for h in st.waiting_pulls + st.starved if h.sender == sender]
+        held += self.inject.withdraw(sender, st.block.index)
+        st.waiting_pulls = [h for h in st.waiting_pulls if h.sender != sender]
+        st.starved = [h for h in st.starved if h.sender != sender]
+        for _ in held:
+            self.reply(sender, st, Reply.STOP)
 
     def on_pull(self, h: Header) -> None:
         learner = self.ctx.layout.index(h.sender)
