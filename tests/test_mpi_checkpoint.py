@@ -155,34 +155,49 @@ def rank_pid(tag: str, rank: int) -> int | None:
     return None
 
 
-def test_sigterm_to_one_of_four_hardsync_learners_lets_the_others_finish(tmp_path):
-    """λ = 4, SIGTERM to learner rank 7 only: it stops and says goodbye; the three others must
-    train to the end. Before ``Rounds.retire`` their next hardsync round waited for the stopped
-    learner forever (the job hung: what learners seeing one signal at different steps do)."""
-    a, tag = tmp_path / "a", tmp_path.name
-    args = [str(QUICKSTART), f"run.out_dir={a}", *QUIET, "run.epochs=3",
-            "inject.compute_time=0.01", "stats.flush_interval=0.1", "cluster.servers=2",
-            "blocks.count=2"]
-    cmd = launch.mpi_command(8, [*launch.pserver_cli(), *args], launch.launcher())
+def signal_one(out: Path, n: int, rank: int, args: list[str], timeout: float = TIMEOUT) -> str:
+    """Start a job, SIGTERM MPI rank ``rank`` alone once the dump shows 20 minibatches, wait
+    for the job (killed past ``timeout``); asserts it did not hang and exited 75 (resumable),
+    returns its output."""
+    tag = f"{out.parent.name}-{out.name}"
+    cmd = launch.mpi_command(
+        n, [*launch.pserver_cli(), str(QUICKSTART), f"run.out_dir={out}", *QUIET, *args],
+        launch.launcher(),
+    )  # fmt: skip
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1", PSERVER_TEST_TAG=tag),
         text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
-    killer = threading.Timer(TIMEOUT, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    hung = threading.Event()
+
+    def kill() -> None:
+        hung.set()  # before the kill ends communicate() below
+        os.killpg(proc.pid, signal.SIGKILL)
+
+    killer = threading.Timer(timeout, kill)
     killer.daemon = True
     killer.start()
     try:
-        while train_rows(a / "stats.h5") < 20 and proc.poll() is None and killer.is_alive():
+        while train_rows(out / "stats.h5") < 20 and proc.poll() is None and not hung.is_set():
             time.sleep(0.05)  # polls an observable condition: the published dump
-        pid = rank_pid(tag, 7)
-        assert pid is not None, "learner rank 7 not found"
+        pid = rank_pid(tag, rank)
+        assert pid is not None, f"rank {rank} not found"
         os.kill(pid, signal.SIGTERM)
-        out, _ = proc.communicate()
+        text, _ = proc.communicate()
     finally:
-        hung = not killer.is_alive()
         killer.cancel()
-    assert not hung, f"the job hung after one learner stopped:\n{out}"
-    assert proc.returncode == 75, out  # one learner stopped early: resumable
+    assert not hung.is_set(), f"the job hung after rank {rank} stopped:\n{text}"
+    assert proc.returncode == 75, f"exit {proc.returncode}:\n{text}"  # one stopped: resumable
+    return text
+
+
+def test_sigterm_to_one_of_four_hardsync_learners_lets_the_others_finish(tmp_path):
+    """λ = 4, SIGTERM to learner rank 7 only: it stops and says goodbye; the three others must
+    train to the end. Before ``Rounds.retire`` their next hardsync round waited for the stopped
+    learner forever (the job hung: what learners seeing one signal at different steps do)."""
+    a = tmp_path / "a"
+    signal_one(a, 8, 7, ["run.epochs=3", "inject.compute_time=0.01", "stats.flush_interval=0.1",
+                         "cluster.servers=2", "blocks.count=2"])  # fmt: skip
     with h5py.File(a / "stats.h5", "r") as f:
         assert list(f["test/epoch"][()]) == [1, 2, 3]  # the others trained to the end
     assert latest(a / "checkpoint").extra["stopped"] is True

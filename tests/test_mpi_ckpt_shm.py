@@ -14,26 +14,20 @@ rows), never after a sleep.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import threading
-import time
 from pathlib import Path
 
 import h5py
 import pytest
 
-from pserver import launch
 from pserver.checkpoint import latest
 from pserver.stats import cli as stats_cli
 from pserver.stats.check import check_dump
 from pserver.stats.reader import load_dump
-from tests.mpirun import QUICKSTART, ROOT, assert_learned, final_weights, run_job
+from tests.mpirun import QUICKSTART, assert_learned, final_weights, run_job
 from tests.test_mpi_checkpoint import (
     assert_resumed_equals_whole,
     final_model,
-    rank_pid,
+    signal_one,
     stop_with_sigterm,
     train_rows,
 )
@@ -150,35 +144,9 @@ def test_a_learner_stopped_alone_releases_its_window_version(tmp_path):
     it stops holding a loan of the current version; the three others must train to the end.
     Before ``on_bye`` released that loan, the next update moved to the other version and every
     pull found no free one left: the job hung."""
-    a, tag = tmp_path / "a", tmp_path.name
-    args = [str(QUICKSTART), f"run.out_dir={a}", *QUIET, SHM, "comm.versions=2",
-            "protocol.name=hardsync", "run.epochs=3", "inject.compute_time=0.01",
-            "stats.flush_interval=0.1"]  # fmt: skip
-    cmd = launch.mpi_command(7, [*launch.pserver_cli(), *args], launch.launcher())
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1", PSERVER_TEST_TAG=tag),
-        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    hung = threading.Event()
-
-    def kill() -> None:
-        hung.set()  # before the kill ends communicate() below
-        os.killpg(proc.pid, signal.SIGKILL)
-
-    killer = threading.Timer(HANG, kill)
-    killer.daemon = True
-    killer.start()
-    try:
-        while train_rows(a / "stats.h5") < 20 and proc.poll() is None and not hung.is_set():
-            time.sleep(0.05)  # polls an observable condition: the published dump
-        pid = rank_pid(tag, 6)
-        assert pid is not None, "learner rank 6 not found"
-        os.kill(pid, signal.SIGTERM)
-        out, _ = proc.communicate()
-    finally:
-        killer.cancel()
-    assert not hung.is_set(), f"the job hung after one learner stopped:\n{out}"
-    assert proc.returncode == 75, out
+    a = tmp_path / "a"
+    signal_one(a, 7, 6, [SHM, "comm.versions=2", "protocol.name=hardsync", "run.epochs=3",
+                         "inject.compute_time=0.01", "stats.flush_interval=0.1"], HANG)  # fmt: skip
     with h5py.File(a / "stats.h5", "r") as f:
         assert list(f["test/epoch"][()]) == [1, 2, 3]  # the others trained to the end
 

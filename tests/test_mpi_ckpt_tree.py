@@ -16,31 +16,23 @@ process group (tests/mpirun.py, the watchdogs below).
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import threading
-import time
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 
-from pserver import launch
 from pserver.checkpoint import latest, rank_file, read_state
 from pserver.config import load_config
 from pserver.stats.check import check_dump, last_rows
 from pserver.stats.reader import load_dump
 from pserver.topology import make_layout
-from tests.mpirun import QUICKSTART, ROOT
+from tests.mpirun import QUICKSTART
 from tests.test_mpi_checkpoint import (
-    QUIET,
-    TIMEOUT,
     assert_resumed_equals_whole,
     errors,
     job,
-    rank_pid,
+    signal_one,
     stop_with_sigterm,
     train_rows,
 )
@@ -109,36 +101,6 @@ def test_a_changed_fanout_is_refused_with_one_line(tmp_path):
 
 
 # -- λ > 1: signals to one learner, then resume -------------------------------------------------
-
-
-def signal_one(out: Path, n: int, rank: int, args: list[str]) -> str:
-    """Start a job, SIGTERM MPI rank ``rank`` alone once the dump shows 20 minibatches, wait
-    for the job (killed past TIMEOUT); asserts exit 75 (resumable), returns its output."""
-    tag = f"{out.parent.name}-{out.name}"
-    cmd = launch.mpi_command(
-        n, [*launch.pserver_cli(), str(QUICKSTART), f"run.out_dir={out}", *QUIET, *args],
-        launch.launcher(),
-    )  # fmt: skip
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1", PSERVER_TEST_TAG=tag),
-        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    killer = threading.Timer(TIMEOUT, lambda: os.killpg(proc.pid, signal.SIGKILL))
-    killer.daemon = True
-    killer.start()
-    try:
-        while train_rows(out / "stats.h5") < 20 and proc.poll() is None and killer.is_alive():
-            time.sleep(0.05)  # polls an observable condition: the published dump
-        pid = rank_pid(tag, rank)
-        assert pid is not None, f"rank {rank} not found"
-        os.kill(pid, signal.SIGTERM)
-        text, _ = proc.communicate()
-    finally:
-        hung = not killer.is_alive()
-        killer.cancel()
-    assert not hung, f"the job hung after rank {rank} stopped:\n{text}"
-    assert proc.returncode == 75, f"exit {proc.returncode}:\n{text}"
-    return text
 
 
 def assert_every_gradient_counted_once(out: Path) -> None:

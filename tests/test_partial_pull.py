@@ -371,13 +371,17 @@ class Sim:
             return
         st["proto"].on_gradient(Arrival(k, have, self.now, it), st["ts"])
         if st["proto"].ready(self.now):
-            d = st["proto"].commit(st["ts"])
-            self.commits.append(len(d.learners))
-            st["ts"] = d.new_timestamp
-            st["done"] = st["ts"] >= self.rounds
-            held, st["held"] = st["held"], []
-            for pull in held:
-                self.answer(b, *pull)
+            self.commit(b)
+
+    def commit(self, b):
+        st = self.blocks[b]
+        d = st["proto"].commit(st["ts"])
+        self.commits.append(len(d.learners))
+        st["ts"] = d.new_timestamp
+        st["done"] = st["ts"] >= self.rounds
+        held, st["held"] = st["held"], []
+        for pull in held:
+            self.answer(b, *pull)
 
     def on_pull(self, b, k, have, oldest):
         if self.rng.random() < self.delay_prob:

@@ -130,24 +130,6 @@ class CutSim(Sim):
         else:
             super().answer(b, k, have, oldest)
 
-    def on_push(self, b, k, have, it):
-        st = self.blocks[b]
-        if st["done"]:
-            return
-        st["proto"].on_gradient(Arrival(k, have, self.now, it), st["ts"])
-        if st["proto"].ready(self.now):
-            self.commit(b)
-
-    def commit(self, b):
-        st = self.blocks[b]
-        d = st["proto"].commit(st["ts"])
-        self.commits.append(len(d.learners))
-        st["ts"] = d.new_timestamp
-        st["done"] = st["ts"] >= self.rounds
-        held, st["held"] = st["held"], []
-        for pull in held:
-            self.answer(b, *pull)
-
     # -- save and resume -------------------------------------------------------------------------
 
     def save(self) -> dict:
