@@ -156,7 +156,7 @@ def test_requeued_job_resumes_in_its_directory_without_hanging(slurm, tmp_path):
         assert sh("scontrol", "requeue", job).returncode == 0
         wait_for("the requeue", lambda: job_state(job) == "PENDING")
         # SLURM holds a requeued job for about two minutes (its begin time); not here
-        assert sh("scontrol", "update", f"JobId={job}", "StartTime=now").returncode == 0
+        assert start_requeued(job, log).returncode == 0
         # the second attempt is past MPI_Init once a shard of it serves its blocks again
         wait_for("the second attempt's training", lambda: "restart 1 of job" in log.read_text()
                  and log.read_text().count("serving blocks") >= 2)  # fmt: skip
@@ -168,6 +168,23 @@ def test_requeued_job_resumes_in_its_directory_without_hanging(slurm, tmp_path):
     assert (out / "checkpoint" / "LATEST").is_file()
     assert not (out / "stats.restart-0.h5").exists()  # one dump, continued in place
     assert load_dump(out / "stats.h5").attrs["restarts"] == 1
+
+
+def start_requeued(job: str, log: Path, *updates: str) -> launch.Completed:
+    """``scontrol update JobId=job [updates] StartTime=now`` for a requeued job, once its first
+    attempt is over.
+
+    SLURM holds a requeued job about two minutes, and that hold is what keeps a race away: the
+    requeue revokes the first attempt's job credential, and slurmd refuses every credential of
+    that job issued up to the second of the revocation (credentials carry whole seconds). A
+    second attempt allocated within that second is killed at once ("Killing non-startable
+    batch job: Job credential revoked" in slurmctld's log) and never runs. The first attempt's
+    batch script logs its exit status after the revocation, so once that line is in and the
+    clock has passed its second, the new attempt's credential is newer than the revocation."""
+    wait_for("the first attempt's end", lambda: "pserver.slurm: exit status" in read(log))
+    ended = int(time.time())
+    wait_for("the second after the first attempt's end", lambda: int(time.time()) > ended, 5.0)
+    return sh("scontrol", "update", f"JobId={job}", *updates, "StartTime=now")
 
 
 def elapsed_s(job: str) -> int:
@@ -207,6 +224,7 @@ def test_time_limit_checkpoints_and_the_job_requeues_itself_to_finish(slurm, tmp
         res = sh("scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}")
         assert res.returncode == 0, res.output
         wait_for("the time limit's requeue", lambda: "requeueing job" in read(log)
+                 and "pserver.slurm: exit status" in read(log)
                  and job_state(job) == "PENDING")  # fmt: skip
         first = read(log)
         assert "got SIGUSR1 (the time limit is near); passing SIGTERM to the ranks" in first
@@ -217,7 +235,7 @@ def test_time_limit_checkpoints_and_the_job_requeues_itself_to_finish(slurm, tmp
         stopped = load_dump(out / "stats.h5")  # readable, as the stopped attempt left it
         tested = stopped.groups.get("test", {}).get("epoch", [])  # none when stopped in epoch 1
         assert stopped.attrs["restarts"] == 0 and len(tested) < 12
-        res = sh("scontrol", "update", f"JobId={job}", "TimeLimit=5", "StartTime=now")
+        res = start_requeued(job, log, "TimeLimit=5")
         if res.returncode != 0:
             pytest.skip(f"cannot give the requeued job its time back: {res.output.strip()}")
         wait_for("the resumed attempt's end", lambda: job_state(job) == "")
