@@ -35,8 +35,9 @@ lie several rounds ahead of a block (under PSP with c < λ, or with kept copies)
    advanced (:meth:`PullRule.pulled` is not called): the tag stays that of its last push.
 2. It says goodbye to its shards **before** collecting the answers to its outstanding pulls,
    and asks nothing again; the shard answers every pull that learner still has held (for an
-   update, or injected delays) with STOP (``PullAnswers.release``). Its held pulls may ask for
-   rounds that only the other learners, stopping too, could have filled: collected first, as
+   update, or injected delays) with STOP (``PullAnswers.release_departed``). Its held pulls
+   may ask for rounds that only the other learners, stopping too, could have filled: collected
+   first, as
    under the block rule, the learner with the second-lowest tag would wait for a round that the
    lowest one's goodbye left without a gradient. WEIGHTS answers that arrived before are
    installed into the copy (its ``have`` then names them).

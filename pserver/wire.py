@@ -45,7 +45,7 @@ class Reply(enum.IntEnum):
     CURRENT = 2  # the learner's copy is current: no payload (Rudra's timestamp inquiry)
     STOP = 3  # training is over for this block
     # a relaying learner of the broadcast tree stopped at a cut (a signal, a periodic pause):
-    # no newer weights will come from it in this part (pserver.roles.bcast_ckpt)
+    # no newer weights will come from it in this part (pserver.roles.bcast, *Checkpoints*)
     LEFT = 4
 
 

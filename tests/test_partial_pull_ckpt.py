@@ -116,7 +116,7 @@ class CutSim(Sim):
         st["gone"].add(k)
         mine = [p for p in st["held"] if p[0] == k]
         st["held"] = [p for p in st["held"] if p[0] != k]
-        for _ in mine:  # PullAnswers.release
+        for _ in mine:  # PullAnswers.release_departed
             self.send(("down", b, k), self.on_reply, k, b, "stop", st["ts"])
         proto = st["proto"]
         proto.retire(k)
@@ -203,8 +203,8 @@ def test_a_round_left_by_a_goodbye_can_wait_for_learners_that_already_answered()
     round 0), learner 1 pushed into round 1, learner 0 stopped and said goodbye. Round 1 then
     waits for learner 2's gradient (it answered in round 0) and learner 0's response: both
     would wait for ever, as would learners 1 and 2 for their pulls of weights >= 2. Their
-    goodbyes (``PullAnswers.release`` answers the held pulls STOP) end the wait instead, and the
-    last one closes the round with the gradient it has (``ServerShard.on_bye``)."""
+    goodbyes (``PullAnswers.release_departed`` answers the held pulls STOP) end the wait
+    instead, and the last one closes the round with the gradient it has (``ServerShard.on_bye``)."""
     p = Hardsync(3, 4, 4)
     for k, have, tag in [(0, 0, 0), (1, 0, 0), (2, 0, 1)]:
         assert p.on_gradient(Arrival(k, have, 0.0, tag), 0).accept

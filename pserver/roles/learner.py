@@ -248,23 +248,23 @@ class PSExchange:
         if self.asked and self.rule.rule == ITERATION:  # a cut (pserver.partial_pull_ckpt)
             self.leave(late)
             return
+        self.collect(late, "the late reply of block {}")
+        self.link.goodbye()
+
+    def collect(self, late: list[Block], what: str) -> None:
+        """Wait for the answer to every pull still asked (``what`` names one by its block)."""
         while self.asked:
             index, req = next(iter(self.asked.items()))
-            self.waiter.wait(req, f"the late reply of block {index}")
+            self.waiter.wait(req, what.format(index))
             del self.asked[index]
             self.on_reply(self.by_index[index], late)
-        self.link.goodbye()
 
     def leave(self, late: list[Block]) -> None:
         """The cut under the iteration rule: goodbye first, so that every shard answers our
-        held pulls STOP (``PullAnswers.release``), then collect every answer, asking nothing
-        again, and keep the weights that came (``pserver.partial_pull_ckpt``, point 2)."""
+        held pulls STOP (``PullAnswers.release_departed``), then collect every answer, asking
+        nothing again, and keep the weights that came (``pserver.partial_pull_ckpt``, point 2)."""
         self.leaving = True
         self.link.say_bye()
-        while self.asked:
-            index, req = next(iter(self.asked.items()))
-            self.waiter.wait(req, f"the last reply of block {index} (after our goodbye)")
-            del self.asked[index]
-            self.on_reply(self.by_index[index], late)
+        self.collect(late, "the last reply of block {} (after our goodbye)")
         self.install(late)
         self.link.cancel_posted()

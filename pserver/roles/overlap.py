@@ -222,7 +222,7 @@ class OverlapExchange:
                     return self.link.w
 
     def ended(self) -> bool:
-        """Every block stopped, or our broadcast-tree parent left at a cut (bcast_ckpt)."""
+        """Every block stopped, or our broadcast-tree parent left at a cut (pserver.roles.bcast)."""
         return self.link.all_stopped() or self.left
 
     def gradient_buffer(self) -> Any:
