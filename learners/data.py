@@ -18,6 +18,7 @@ import numpy as np
 from learners.scaling import Scaling, choose
 from pserver.config import DataConfig
 from pserver.errors import ConfigError, DataError
+from pserver.h5stored import GROUP, LINK, MISSING, OUTSIDE, stored
 from pserver.limits import MAX_CLASSES, data_bytes
 
 
@@ -278,25 +279,20 @@ def _hdf5_file(path: str | Path) -> Path:
 
 
 def _stored_dataset(p: Path, f: h5py.File, key: str) -> h5py.Dataset:
-    """Dataset ``key`` stored in ``f`` itself.
-
-    External links, soft links, virtual datasets and external raw storage would make pserver
-    read other files than the one named in the config (any file the data file's author
-    chose), so they are refused before anything is followed.
-    """
-    link = f.get(key, getlink=True)
-    if link is None:
+    """Dataset ``key`` stored in ``f`` itself (``pserver.h5stored``: no link, virtual dataset
+    or external storage followed)."""
+    obj, problem, detail = stored(f, key)
+    if problem == MISSING:
         found = ", ".join(sorted(f.keys())) or "nothing"
         raise DataError(f"data file {str(p)!r} has no dataset {key!r} (found: {found})")
-    if not isinstance(link, h5py.HardLink):
+    if problem == LINK:
         raise DataError(
-            f"data file {str(p)!r}: {key!r} is a {type(link).__name__}; pserver reads only "
+            f"data file {str(p)!r}: {key!r} is a {detail}; pserver reads only "
             "datasets stored in the file itself (no external or soft links)"
         )
-    obj = f.get(key)
-    if not isinstance(obj, h5py.Dataset):
+    if problem == GROUP:
         raise DataError(f"data file {str(p)!r}: {key!r} is a group, expected a dataset")
-    if obj.is_virtual or obj.external:
+    if problem == OUTSIDE:
         raise DataError(
             f"data file {str(p)!r}: {key!r} is a virtual dataset or keeps its data in external "
             "files; pserver reads only datasets stored in the file itself"

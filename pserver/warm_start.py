@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from pserver.errors import ConfigError
+from pserver.h5stored import OUTSIDE, stored
 from pserver.stats.schema import MODEL_WEIGHTS
 
 DUMP = "stats.h5"
@@ -81,18 +82,16 @@ def load_initial_weights(
 
 
 def _final_model(f: Any, where: str, path: Path) -> Any:
-    """``model/weights``, stored in the dump itself (no link or external storage followed)."""
-    import h5py
-
-    link = f.get(MODEL_WEIGHTS, getlink=True)
-    ds = f.get(MODEL_WEIGHTS) if isinstance(link, h5py.HardLink) else None
-    if not isinstance(ds, h5py.Dataset):
+    """``model/weights``, stored in the dump itself (``pserver.h5stored``: no link or external
+    storage followed)."""
+    ds, problem, _ = stored(f, MODEL_WEIGHTS)
+    if problem == OUTSIDE:
+        raise ConfigError(f"{where}: {MODEL_WEIGHTS} keeps its data outside {str(path)!r}")
+    if problem is not None:
         raise ConfigError(
             f"{where}: {str(path)!r} holds no final model ({MODEL_WEIGHTS}, which a run "
             "writes when it ends)"
         )
-    if ds.is_virtual or ds.external:
-        raise ConfigError(f"{where}: {MODEL_WEIGHTS} keeps its data outside {str(path)!r}")
     return ds
 
 

@@ -72,6 +72,7 @@ PURE = (
     "pserver.quota_ckpt",  # issue 14: a learners-only data quota in a checkpoint
     "pserver.pipeline_ckpt",  # issue 14: the overlapped learner's pipeline in a checkpoint
     "pserver.warm_start",  # issue 15: model.init_from, another run's final model as w0
+    "pserver.h5stored",  # a dataset stored in its HDF5 file itself (data files, warm starts)
 )
 IMPURE = ("mpi4py", "pserver.comm", "pserver.roles")
 
