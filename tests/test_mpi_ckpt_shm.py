@@ -30,6 +30,7 @@ from tests.test_mpi_checkpoint import (
     signal_one,
     stop_with_sigterm,
     train_rows,
+    unslowed,
 )
 
 pytestmark = pytest.mark.mpi
@@ -88,7 +89,7 @@ def slow(name: str) -> list[str]:
 def uninterrupted(tmp_path_factory):  # noqa: ANN201 - the job's result and its run directory
     """The slowed hardsync case run without a signal or a periodic checkpoint."""
     out = tmp_path_factory.mktemp("whole")
-    return job(out, 4, *slow("hardsync-zero-copy")), out
+    return job(out, 4, *unslowed(slow("hardsync-zero-copy"))), out
 
 
 @pytest.mark.parametrize("name", ["hardsync-zero-copy", "async-2-shards-copies"])
@@ -101,7 +102,7 @@ def test_lambda1_sigterm_then_resume_is_bit_identical(tmp_path, name, uninterrup
     assert 20 <= train_rows(a / "stats.h5") < 2 * 85  # stopped mid-run
     whole, b = uninterrupted
     if name != "hardsync-zero-copy":
-        whole, b = job(tmp_path / "b", n, *slow(name)), tmp_path / "b"
+        whole, b = job(tmp_path / "b", n, *unslowed(slow(name))), tmp_path / "b"
     assert_resumed_equals_whole(job(a, n, *slow(name), resume=True), whole, a, b)
 
 

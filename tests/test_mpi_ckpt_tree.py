@@ -35,6 +35,7 @@ from tests.test_mpi_checkpoint import (
     signal_one,
     stop_with_sigterm,
     train_rows,
+    unslowed,
 )
 
 pytestmark = pytest.mark.mpi
@@ -49,7 +50,7 @@ BCAST = ["protocol.name=hardsync", "comm.mode=thread", "cluster.bcast_fanout=2"]
 def whole(tmp_path_factory):  # noqa: ANN201 - (mpirun result, its run directory)
     """The uninterrupted λ = 1 tree run the SIGTERM and periodic runs are held to."""
     out = tmp_path_factory.mktemp("whole")
-    res = job(out, *TREE, *SLOW, n=5)
+    res = job(out, *TREE, *unslowed(SLOW), n=5)
     assert res.returncode == 0, res.output
     return res, out
 

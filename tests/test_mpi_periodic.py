@@ -23,6 +23,7 @@ from pserver.checkpoint import latest, rank_file, read_state
 from pserver.stats.check import check_dump
 from pserver.stats.reader import load_dump
 from tests.mpirun import QUICKSTART, ROOT, final_weights, run_job
+from tests.test_mpi_checkpoint import unslowed
 
 pytestmark = pytest.mark.mpi
 
@@ -34,9 +35,11 @@ SLOW = ["stats.progress=false", "run.epochs=3", "inject.compute_time=0.02",
 PERIODIC = "run.checkpoint_interval=0.5"
 
 
-def job(out: Path, *overrides: str, resume: bool = False, n: int = LAMBDA1):
+def job(out: Path, *overrides: str, resume: bool = False, n: int = LAMBDA1, slow: bool = True):
+    """A SLOW quickstart job; ``slow=False`` for a reference run, without the emulated compute."""
     where = ["--resume", str(out)] if resume else [f"run.out_dir={out}"]
-    return run_job(n, [str(QUICKSTART), *where, *SLOW, *overrides], TIMEOUT)
+    base = SLOW if slow else unslowed(SLOW)
+    return run_job(n, [str(QUICKSTART), *where, *base, *overrides], TIMEOUT)
 
 
 def lines(text: str, prefix: str) -> list[str]:
@@ -47,7 +50,7 @@ def lines(text: str, prefix: str) -> list[str]:
 def uninterrupted(tmp_path_factory) -> np.ndarray:
     """The final weights of the run without any checkpoint but its end's."""
     out = tmp_path_factory.mktemp("whole")
-    res = job(out)
+    res = job(out, slow=False)
     assert res.returncode == 0, res.output
     return final_weights(out)
 
@@ -219,7 +222,7 @@ def test_lockstep_learners_pause_together_and_end_as_without_pauses(tmp_path, na
     learners = 1 if servers else 3
     n = 2 + servers + learners
     plain, paused = tmp_path / "plain", tmp_path / "paused"
-    res = job(plain, *LOCKSTEP[name], n=n)
+    res = job(plain, *LOCKSTEP[name], n=n, slow=False)
     assert res.returncode == 0, res.output
     res = job(paused, *LOCKSTEP[name], PERIODIC, n=n)
     assert res.returncode == 0, res.output
