@@ -87,7 +87,7 @@ def slow(name: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):  # noqa: ANN201 - the job's result and its run directory
-    """The slowed hardsync case run without a signal or a periodic checkpoint."""
+    """The hardsync case run without a signal or a periodic checkpoint (and unslowed)."""
     out = tmp_path_factory.mktemp("whole")
     return job(out, 4, *unslowed(slow("hardsync-zero-copy"))), out
 
