@@ -32,8 +32,8 @@ import numpy
 
 from learners.contract import DTYPES, Model
 from learners.losses import cross_entropy, evaluate_in_batches
-from pserver.config import ModelConfig
 from pserver.errors import ConfigError
+from pserver.plan.config import ModelConfig
 
 DEFAULT_CHANNELS = (32, 64)
 

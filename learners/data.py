@@ -16,10 +16,10 @@ import h5py
 import numpy as np
 
 from learners.scaling import Scaling, choose
-from pserver.config import DataConfig
+from pserver.ckpt.h5stored import GROUP, LINK, MISSING, OUTSIDE, stored
 from pserver.errors import ConfigError, DataError
-from pserver.h5stored import GROUP, LINK, MISSING, OUTSIDE, stored
-from pserver.limits import MAX_CLASSES, data_bytes
+from pserver.plan.config import DataConfig
+from pserver.plan.limits import MAX_CLASSES, data_bytes
 
 
 @dataclass
@@ -93,7 +93,7 @@ def scale(ds: Dataset, mode: str) -> Dataset:
 
 
 def data_size(cfg: DataConfig) -> tuple[int, str]:
-    """Peak bytes one rank holds while loading the dataset (``pserver.limits.data_bytes``),
+    """Peak bytes one rank holds while loading the dataset (``pserver.plan.limits.data_bytes``),
     known before it is loaded, and what sets them (keys or file) for an error message."""
     if cfg.source == "synthetic":
         n, f, c = cfg.n_samples, cfg.n_features, cfg.n_classes
@@ -279,7 +279,7 @@ def _hdf5_file(path: str | Path) -> Path:
 
 
 def _stored_dataset(p: Path, f: h5py.File, key: str) -> h5py.Dataset:
-    """Dataset ``key`` stored in ``f`` itself (``pserver.h5stored``: no link, virtual dataset
+    """Dataset ``key`` stored in ``f`` itself (``pserver.ckpt.h5stored``: no link, virtual dataset
     or external storage followed)."""
     obj, problem, detail = stored(f, key)
     if problem == MISSING:

@@ -13,8 +13,8 @@ from learners.cnn import build_cnn
 from learners.contract import DTYPES, Model
 from learners.mlp import MLP, Softmax
 from learners.null import NullModel
-from pserver.config import ModelConfig
 from pserver.errors import ConfigError
+from pserver.plan.config import ModelConfig
 
 
 def build_model(cfg: ModelConfig, n_features: int, n_classes: int, xp: ModuleType = numpy) -> Model:

@@ -5,7 +5,7 @@ A path (it ends in ``.py`` or contains a ``/``) is resolved against the working 
 (``"package.module:name"`` or ``"package.module.name"``). Every way this can fail (no such file,
 an exception while importing, no such name, not callable) is one :class:`ConfigError` naming
 ``model.module`` and the cause, raised on every rank before training
-(:func:`pserver.context.prepare`).
+(:func:`pserver.runtime.context.prepare`).
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ import numpy as np
 
 from learners.data import BatchSampler, Dataset
 from learners.models import build_model
-from pserver.config import Config
-from pserver.optim import make_updater, scheduled_lr
+from pserver.optim.rules import make_updater, scheduled_lr
+from pserver.plan.config import Config
 
 
 def serial_steps(cfg: Config, n_train: int) -> int:
@@ -48,7 +48,7 @@ def train_serial_predicted(
     computes. The update path is plain ``optim.rule`` momentum; only the point the gradient is
     taken at moves (S = 0: Nesterov's look-ahead w + μM, the paper's Algorithm 4, line 15).
     Returns w, never the prediction."""
-    from pserver.prediction import Predictor
+    from pserver.optim.prediction import Predictor
 
     model = build_model(cfg.model, dataset.n_features, dataset.n_classes, np)
     w = model.init_params(cfg.run.seed)
@@ -96,13 +96,14 @@ def train_serial_delayed(cfg: Config, dataset: Dataset, steps: int | None = None
 
 def train_block_serial(cfg: Config, dataset: Dataset) -> np.ndarray:
     """BMUF or MA with λ = 1 on one process: the reference a ``bmuf``/``ma`` run with one
-    learner must reproduce. Blocks of ``protocol.tau`` local steps (``pserver.local_rule``:
+    learner must reproduce. Blocks of ``protocol.tau`` local steps (``pserver.optim.local_rule``:
     the optimizer state restarts at each block) from the global model, then block momentum on
-    the block's update (``pserver.block_momentum``, eqs. 2–6), until the run's samples are counted.
+    the block's update (``pserver.optim.block_momentum``, eqs. 2–6), until the run's samples are
+    counted.
     Returns W(T), the model the parallel run's dump holds."""
-    from pserver.block_momentum import BlockMomentum
-    from pserver.bmuf_block import block_filter
-    from pserver.local_rule import LocalRule
+    from pserver.optim.block_momentum import BlockMomentum
+    from pserver.optim.local_rule import LocalRule
+    from pserver.protocols.bmuf_block import block_filter
 
     model = build_model(cfg.model, dataset.n_features, dataset.n_classes, np)
     w_global = model.init_params(cfg.run.seed)

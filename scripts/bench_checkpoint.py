@@ -3,7 +3,7 @@
 
 For each model (the quickstart MLP; ``model.kind = "null"`` of 64 MiB) it
 
-1. times ``pserver.checkpoint.write_state`` of one shard's state (the weights and the momentum
+1. times ``pserver.ckpt.files.write_state`` of one shard's state (the weights and the momentum
    velocity, exactly what ``ServerShard.state`` writes) and ``read_state`` of it, median of
    ``--repeat`` writes, in a fresh directory under ``--dir``;
 2. runs the job (7 ranks: 1 shard, 4 learners), sends SIGTERM to ``mpiexec`` once the dump shows
@@ -40,8 +40,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pserver import launch  # noqa: E402
-from pserver.checkpoint import latest, read_state, write_state  # noqa: E402
+from pserver.ckpt.files import latest, read_state, write_state  # noqa: E402
+from pserver.job import launch  # noqa: E402
 
 QUICKSTART = ROOT / "examples" / "quickstart.toml"
 MODELS = {

@@ -26,7 +26,8 @@ sync
     One SYNC step's exchange (issue 12, ``pserver.roles.allreduce``): the gradient's bucketed
     allreduce exactly as a SYNC learner runs it (``comm.bucket_mib``, in-flight limit and
     staging of the defaults config), alone and followed by the learner's local update
-    (``pserver.local_update``, the defaults' momentum rule), against ``MPI_Allreduce(IN_PLACE)``
+    (``pserver.optim.local_update``, the defaults' momentum rule), against
+    ``MPI_Allreduce(IN_PLACE)``
     on the same buffer, alternately in one launch. Printed: the times and the ratio
     ``MPI_Allreduce / SYNC allreduce`` (1.0: no loss to the bucketing and the back-off).
 
@@ -57,7 +58,7 @@ from benchlib import (  # (scripts/ is on sys.path)
     write_json,
 )
 
-from pserver.transfer_time import TIGHT_FACTOR  # (benchlib puts the checkout on sys.path)
+from pserver.comm.transfer_time import TIGHT_FACTOR  # (benchlib puts the checkout on sys.path)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -94,7 +95,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def worker_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from mpi4py import MPI
 
-    from pserver.backend import select_backend
+    from pserver.comm.backend import select_backend
     from pserver.comm.waiting import PeerLog, Waiter
 
     waiter = Waiter(logging.getLogger("bench"), PeerLog(), poll_max=args.poll_max)
@@ -178,8 +179,8 @@ def worker_sync(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
 
     from pserver.comm.collectives import DEFAULT_IN_FLIGHT, Allreducer
-    from pserver.config import load_config
-    from pserver.local_update import LocalUpdate
+    from pserver.optim.local_update import LocalUpdate
+    from pserver.plan.config import load_config
 
     MPI, backend, waiter = worker_setup(args)
     comm, cfg = MPI.COMM_WORLD, load_config(None, ['protocol.name="sync"'])

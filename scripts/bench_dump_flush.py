@@ -3,7 +3,7 @@
     python scripts/bench_dump_flush.py [--sizes-mb 1 10 100] [--dir DIR]
 
 A flush writes the whole in-memory dump to ``stats.h5.new`` and renames it over ``stats.h5``
-(pserver/stats/writer.py); this prints the median of five flushes at each size and the share
+(pserver/dump/writer.py); this prints the median of five flushes at each size and the share
 of the statistics server's time it takes at the default ``stats.flush_interval`` (2 s), once
 the writer's stretching of the interval (10 x the flush time) is applied.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pserver.stats.writer import COPY_SHARE, StatsWriter
+from pserver.dump.writer import COPY_SHARE, StatsWriter
 
 ROW_BYTES = 6 * 8  # a gradients row: six 8-byte columns (int32 columns round up here)
 

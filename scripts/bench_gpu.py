@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """GPU paths of pserver against baselines measured in the same run, on one CUDA device.
 
-(a) **Server updates.** ``pserver.optim.make_updater`` on CuPy (one fused kernel per step) for
+(a) **Server updates.** ``pserver.optim.rules.make_updater`` on CuPy (one fused kernel per step) for
     sgd, momentum, nesterov and adagrad on blocks of 1, 16 and 64 MiB, against a device-to-device
     ``cupy.copyto`` of the same block. Both are rated by the bytes they move through device
     memory: an update reads w and g (and the state) and writes w (and the state), so
     ``3 * block`` for sgd and ``5 * block`` for the others; a copy reads and writes one block,
     ``2 * block``. The ratio ``update GB/s / copy GB/s`` says how close a step comes to the
     memory bandwidth a copy achieves (1.0 = as fast as memory allows).
-(b) **Host staging.** ``pserver.backend.StagingBuffers`` (pinned mirrors, a dedicated copy
+(b) **Host staging.** ``pserver.comm.backend.StagingBuffers`` (pinned mirrors, a dedicated copy
     stream) device-to-host and host-to-device, against ``cupy.asnumpy``/``cupy.asarray`` of the
     same size (pageable memory, a fresh allocation per call: what naive code does) and against a
     raw ``cudaMemcpy`` to or from the same pinned buffer (the PCIe/NVLink ceiling).
@@ -162,8 +162,8 @@ def time_copy(cp: ModuleType, args: argparse.Namespace, n: int) -> float:
 
 def time_update(cp: ModuleType, args: argparse.Namespace, rule: str, n: int) -> float:
     """Median seconds of one server update step of ``rule`` on a block of ``n`` elements."""
-    from pserver.config import OptimConfig
-    from pserver.optim import make_updater
+    from pserver.optim.rules import make_updater
+    from pserver.plan.config import OptimConfig
 
     cfg = OptimConfig(rule=rule, momentum=0.9, weight_decay=1e-4)
     updater = make_updater(cfg, n, cp, args.dtype)
@@ -175,7 +175,7 @@ def time_update(cp: ModuleType, args: argparse.Namespace, rule: str, n: int) -> 
 
 
 def bench_staging(cp: ModuleType, args: argparse.Namespace) -> None:
-    from pserver.backend import Backend, StagingBuffers
+    from pserver.comm.backend import Backend, StagingBuffers
 
     backend = Backend(name="gpu", xp=cp, device_id=args.device, cuda_aware=False)
     rows = []
@@ -197,7 +197,7 @@ def bench_staging(cp: ModuleType, args: argparse.Namespace) -> None:
 
 def staging_paths(cp: ModuleType, staging: Any, dev: Any) -> dict[str, dict[str, Callable]]:
     """Per direction, the three ways of moving ``dev`` across the bus that are compared."""
-    from pserver.backend import D2H, H2D
+    from pserver.comm.backend import D2H, H2D
 
     pinned = staging.host(0)  # the staging buffer itself: the raw copy's ceiling, same memory
     pageable = np.ones(dev.size, dtype=dev.dtype)
@@ -275,7 +275,7 @@ def time_model(
     """Parameter count and median ``loss_grad`` seconds on numpy and on CuPy, same inputs."""
     from learners.cnn import build_cnn
     from learners.models import build_model
-    from pserver.config import ModelConfig
+    from pserver.plan.config import ModelConfig
 
     n_features, n_classes = 64, 10  # the digits: 8 x 8 pixels, 10 classes
     cfg = ModelConfig(kind=kind, hidden=sizes if kind == "mlp" else [64], dtype=args.dtype)

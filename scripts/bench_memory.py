@@ -27,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pserver import launch  # noqa: E402
+from pserver.job import launch  # noqa: E402
 
 FEATURES = 784
 SITECUSTOMIZE = """

@@ -7,7 +7,7 @@ blocked on communication: overlap = compute / (compute + pull + push). Rudra-bas
 Rudra-adv (parameter-server tree): 56.75 %, Rudra-adv* (tree + communication threads): 99.56 %.
 
 This script reruns that scenario with pserver's own learners and reads every figure from the
-statistics dump (``pserver.stats.reader.load_dump``):
+statistics dump (``pserver.dump.reader.load_dump``):
 
 ===========  ==========================  ===================================================
 config       pserver settings            Rudra
@@ -70,7 +70,7 @@ from benchlib import (  # (scripts/ is on sys.path)
 )
 from benchlib import ROOT as REPO
 
-from pserver.launch import JobKilled
+from pserver.job.launch import JobKilled
 
 DIGITS_TRAIN = 1347  # digits training samples (1,797 images, data.test_fraction = 0.25)
 MIB = 2**20
@@ -105,8 +105,8 @@ COPIES = {"learner": 4, "server": 5, "aggregator": 4, "stats": 2, "data": 0}
 
 
 def tree_size(n_learners: int, fanout: int) -> int:
-    """Aggregators of the tree pserver builds (``pserver.topology.tree_size``)."""
-    from pserver.topology import tree_size as size
+    """Aggregators of the tree pserver builds (``pserver.plan.topology.tree_size``)."""
+    from pserver.plan.topology import tree_size as size
 
     return size(n_learners, fanout)
 
@@ -420,7 +420,7 @@ def measure(dump_dir: Path, warmup: int) -> dict[str, Any]:
     """The Table I figures of one run, from its statistics dump."""
     import numpy as np
 
-    from pserver.stats.reader import load_dump
+    from pserver.dump.reader import load_dump
 
     dump = load_dump(dump_dir / "stats.h5")
     lrn, train, grads = dump.group("learners"), dump.group("train"), dump.group("gradients")
@@ -469,7 +469,7 @@ def measure_stuck(dump_dir: Path) -> dict[str, Any]:
     """What the dump of a killed job shows: when training ended and what ran after it."""
     import numpy as np
 
-    from pserver.stats.reader import DumpError, load_dump
+    from pserver.dump.reader import DumpError, load_dump
 
     try:
         dump = load_dump(dump_dir / "stats.h5")
@@ -752,7 +752,7 @@ def run_gil(runner: Runner, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from pserver.config import CommConfig
+    from pserver.plan.config import CommConfig
 
     p = bench_parser(
         "Rudra Table I (§III-C): communication overlap of Rudra-base / -adv / -adv* and the "

@@ -117,7 +117,7 @@ def raw_gpu_worker(sizes_mib: list[float], seconds: float) -> None:
     * ``staged``: device-to-host copy into a pinned buffer, ``Send`` -> ``Recv``, host-to-device
       copy on the receiver: what a learner and a server do when MPI is not CUDA-aware;
     * ``device``: ``Send``/``Recv`` of the device buffers themselves, only where the library is
-      CUDA-aware (:func:`pserver.backend.detect_cuda_aware`); handing a device buffer to a
+      CUDA-aware (:func:`pserver.comm.backend.detect_cuda_aware`); handing a device buffer to a
       library that is not crashes it (seen with MPICH 5.0 and Open MPI 4.1 built without CUDA).
     """
     import cupy as cp
@@ -125,7 +125,7 @@ def raw_gpu_worker(sizes_mib: list[float], seconds: float) -> None:
     import numpy as np
     from mpi4py import MPI
 
-    from pserver.backend import D2H, H2D, detect_cuda_aware
+    from pserver.comm.backend import D2H, H2D, detect_cuda_aware
 
     comm = MPI.COMM_WORLD
     if comm.Get_size() != 2:
@@ -189,8 +189,8 @@ def naive_worker(size_mib: float, steps: int, buffers: bool = False) -> None:
     if rank == 0:
         w, status, times = np.zeros(n, np.float32), MPI.Status(), []
         if buffers:
-            from pserver.config import OptimConfig
-            from pserver.optim import make_updater
+            from pserver.optim.rules import make_updater
+            from pserver.plan.config import OptimConfig
 
             g = np.empty_like(w)
             updater = make_updater(OptimConfig(rule="sgd", lr=LR, weight_decay=0.0), n, np, w.dtype)
@@ -271,7 +271,7 @@ def steps_for(size_mib: float, traffic_gib: float, min_steps: int, max_steps: in
 
 def digits_train_size() -> int:
     from learners.data import load_dataset
-    from pserver.config import DataConfig
+    from pserver.plan.config import DataConfig
 
     return len(load_dataset(DataConfig(), 0).y_train)
 

@@ -26,7 +26,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from pserver.stats.reader import load_dump  # noqa: E402
+from pserver.dump.reader import load_dump  # noqa: E402
 from tests.mpirun import mpiexec  # noqa: E402
 from tests.test_mpi_stats_offpath import rank_pid  # noqa: E402
 
@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as out:
-        cmd = [mpiexec(), "-n", str(args.n), sys.executable, "-m", "pserver.cli",
+        cmd = [mpiexec(), "-n", str(args.n), sys.executable, "-m", "pserver.job.cli",
                str(ROOT / "examples" / "quickstart.toml"), f"run.out_dir={out}",
                "run.epochs=400", "stats.progress=false", *args.overrides]  # fmt: skip
         launched = time.monotonic()

@@ -56,7 +56,7 @@ def overrides(proto: str, mode: str, lam: int, args: argparse.Namespace) -> list
 
 def others_rate(path: Path, slow: int) -> float:
     """Minibatches per second of every learner but ``slow``, each over its active span."""
-    from pserver.stats.reader import load_dump
+    from pserver.dump.reader import load_dump
 
     t = load_dump(path).group("train")
     rates = []
@@ -69,7 +69,7 @@ def others_rate(path: Path, slow: int) -> float:
 
 def freeze_figures(path: Path, seconds: float) -> dict[str, float]:
     """Updates of shard 0 while learner 0 slept, and the longest gap between two updates."""
-    from pserver.stats.reader import load_dump
+    from pserver.dump.reader import load_dump
 
     d = load_dump(path)
     t, u = d.group("train"), d.group("updates")

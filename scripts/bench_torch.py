@@ -68,7 +68,7 @@ def parser() -> argparse.ArgumentParser:
 
 def dataset(batch: int) -> Any:
     from learners.data import load_dataset
-    from pserver.config import load_config
+    from pserver.plan.config import load_config
 
     cfg = load_config(None, [f"data.batch_size={batch}"])
     return load_dataset(cfg.data, cfg.run.seed)
@@ -129,8 +129,8 @@ def trainer_step(model: str, ds: Any, dtype: str, lr: float = 0.05) -> Any:
     import numpy as np
 
     from learners.factory import build_model
-    from pserver.config import load_config
-    from pserver.optim import make_updater
+    from pserver.optim.rules import make_updater
+    from pserver.plan.config import load_config
 
     cfg = load_config(None, ["model.kind=torch", f"model.module={EXAMPLE}:{FACTORIES[model]}",
                              f"model.dtype={dtype}", "optim.rule=sgd", f"optim.lr={lr}",
@@ -168,7 +168,7 @@ def in_process(args: argparse.Namespace, model: str) -> dict[str, float]:
 
 def through_pserver(args: argparse.Namespace, launcher: Launcher, model: str,
                     tmp: Path) -> dict[str, float]:
-    from pserver.stats.reader import load_dump
+    from pserver.dump.reader import load_dump
 
     walls, computes = [], []
     for rep in range(args.repeats):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The version bookkeeping of a shard block per update, in one process, against the update itself.
 
-A shard serves pulls from versions (``pserver.versions.VersionPool``, driven by
+A shard serves pulls from versions (``pserver.protocols.versions.VersionPool``, driven by
 ``pserver.roles.shard_versions.ServedVersions``): every update asks for a version no send reads
 (``new_version``: drive the current version's sends, then write in place or copy-on-write) and
 every pull answered with weights pins the current version (``can_pin``, ``pin_send``). This
@@ -88,9 +88,9 @@ def axpy_seconds(mib: float, repeats: int) -> float:
     """Seconds of one SGD step ``w -= lr * g`` on a block of ``mib`` MiB (float32)."""
     import logging
 
-    from pserver.blas import limit_blas_threads
-    from pserver.config import OptimConfig
-    from pserver.optim import make_updater, preload
+    from pserver.optim.blas import limit_blas_threads
+    from pserver.optim.rules import make_updater, preload
+    from pserver.plan.config import OptimConfig
 
     n = int(mib * 2**20) // 4
     limit_blas_threads(0, logging.getLogger("bench_versions"))  # one thread, as a shard runs

@@ -74,7 +74,7 @@ POLL: dict[str, float] = {}  # poll_min / poll_max overrides of the [comm] defau
 def make_waiter() -> Any:
     """A ``Waiter`` exactly as the roles build it: the ``[comm]`` defaults unless overridden."""
     from pserver.comm.waiting import PeerLog, Waiter
-    from pserver.config import CommConfig
+    from pserver.plan.config import CommConfig
 
     c = CommConfig(**POLL)
     log = logging.getLogger("bench_wait")
@@ -162,7 +162,7 @@ def contend_worker(seconds: float) -> None:
 
 
 def waiter_label() -> str:
-    from pserver.config import CommConfig
+    from pserver.plan.config import CommConfig
 
     c = CommConfig(**POLL)
     return f"Waiter {c.poll_min * 1e6:g}us-{c.poll_max * 1e3:g}ms"

@@ -4,7 +4,7 @@ medians and tables.
 * :func:`bench_parser` builds a script's ``argparse`` parser with the common options
   (``--repeats``, ``--json``, ``--timeout``, ``--quiet-idle``/``--quiet-wait``, ``--mpiexec``,
   ``--mpiexec-flags``, ``-v``, ``--pserver-run``, ``--set``); :func:`parse` checks them.
-* :class:`Launcher` runs mpiexec jobs through :mod:`pserver.launch` (hard timeout, process
+* :class:`Launcher` runs mpiexec jobs through :mod:`pserver.job.launch` (hard timeout, process
   group killed; launcher from ``PSERVER_MPIEXEC`` / ``PSERVER_MPIEXEC_FLAGS`` unless
   ``--mpiexec`` / ``--mpiexec-flags`` say otherwise), waiting for a quiet machine first.
   ``Launcher.worker`` runs the script's own MPI mode and returns the JSON of its ``RESULT``
@@ -24,7 +24,7 @@ A new benchmark (``scripts/`` is on ``sys.path`` when a script there runs)::
     res = launcher.worker(4, ["--worker"])  # this script on 4 ranks: its RESULT as a dict
     job = launcher.run(5, [*pserver_run(args), str(ROOT / "examples/quickstart.toml"),
                            f"run.out_dir={out}", *args.set])  # a pserver job; raises on failure
-    job.seconds, job.stdout                 # pserver.launch.Completed
+    job.seconds, job.stdout                 # pserver.job.launch.Completed
     print(table(["case", "GB/s"], [["a", f"{median(runs):.2f}"]], title="..."))
 
 ``Launcher.run(..., check=False)`` returns a failed or killed job instead of raising (its
@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the checkout this script belongs to, installed or not
     sys.path.insert(0, str(ROOT))
 
-from pserver import launch  # noqa: E402
+from pserver.job import launch  # noqa: E402
 
 RESULT = "RESULT "  # prefix of the line a worker rank prints for the driver
 
@@ -153,7 +153,7 @@ def default_tool(name: str) -> str:
 
 def pserver_run_command() -> str:
     """How to start one pserver rank: the ``pserver-run`` beside this Python or on PATH, else
-    this Python running ``pserver.cli`` (a checkout that is not installed, e.g. on a lent GPU
+    this Python running ``pserver.job.cli`` (a checkout that is not installed, e.g. on a lent GPU
     machine with PYTHONPATH pointing at it). A shell line: split it with ``shlex.split``."""
     found = default_tool("pserver-run")
     if Path(found).is_file():
@@ -209,7 +209,7 @@ def bench_env() -> dict[str, str]:
 
 
 class Launcher:
-    """Runs mpiexec jobs with :func:`pserver.launch.run`: a hard timeout kills the whole job.
+    """Runs mpiexec jobs with :func:`pserver.job.launch.run`: a hard timeout kills the whole job.
 
     Before each launch it waits (up to ``quiet_wait`` s) for the machine to be at least
     ``quiet_idle`` idle, since other people's jobs on a 2-core machine swamp any figure; the
@@ -257,7 +257,7 @@ class Launcher:
         check: bool = True,
     ) -> launch.Completed:
         """``mpiexec -n N ARGS`` after a quiet-machine wait; with ``check`` a failure or a kill
-        raises (:class:`pserver.launch.LaunchError`, a RuntimeError)."""
+        raises (:class:`pserver.job.launch.LaunchError`, a RuntimeError)."""
         cmd = launch.mpi_command(n, args, self.launch)
         self.wait_quiet()
         if self.verbose:

@@ -83,7 +83,7 @@ try:
     from mpi4py import MPI
 
     print(MPI.Get_library_version().splitlines()[0])
-    from pserver.backend import detect_cuda_aware
+    from pserver.comm.backend import detect_cuda_aware
 
     print(f"CUDA-aware MPI: {detect_cuda_aware(MPI)}")
 except Exception as e:
@@ -94,7 +94,7 @@ EOF
 training_run() {
     # pserver-run's main() through $PY itself: a pserver-run on PATH may belong to another
     # environment, one without CuPy.
-    local launcher=("$PY" -m pserver.cli) extra=()
+    local launcher=("$PY" -m pserver.job.cli) extra=()
     if ! "$PY" -c "import sklearn" 2>/dev/null; then
         # The digits come from scikit-learn; without it, train on synthetic data of the same shape.
         echo "scikit-learn is missing: using data.source=synthetic instead of the digits"
@@ -124,7 +124,7 @@ cp /tmp/pserver-curves/loss_curves.png "$LOG_DIR/" 2>/dev/null
 step bench timeout "$STEP_TIMEOUT" "$PY" scripts/bench_gpu.py
 step pushpull timeout "$STEP_TIMEOUT" "$PY" scripts/bench_pushpull.py --device gpu \
     --sizes 16 64 --learners 1 4 --blocks 1 4 --quiet-idle 0 --mpiexec mpiexec \
-    --pserver-run "$PY -m pserver.cli"
+    --pserver-run "$PY -m pserver.job.cli"
 
 echo
 echo "=== summary (logs in $LOG_DIR)"

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
 export PSERVER_RUN_ID=${PSERVER_RUN_ID:-$(date +%Y%m%d-%H%M%S)-$$}
-out=$(python -m pserver.rundir examples/quickstart.toml "$@")
+out=$(python -m pserver.runtime.rundir examples/quickstart.toml "$@")
 mpiexec -n 7 pserver-run examples/quickstart.toml "$@"
 pserver-stats summary "$out"
 pserver-stats plot "$out" -o "$out"

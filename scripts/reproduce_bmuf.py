@@ -56,8 +56,8 @@ from benchlib import median as _median
 
 from learners.data import write_hdf5_dataset
 from learners.teacher import teacher_task
-from pserver.stats.check import check_dump
-from pserver.stats.reader import load_dump
+from pserver.dump.check import check_dump
+from pserver.dump.reader import load_dump
 
 QUICKSTART = ROOT / "examples" / "quickstart.toml"
 METHODS = {  # name -> overrides (the learning rate is set per run)
@@ -138,7 +138,7 @@ def in_process_serial(common: list[str], args: Any, seed: int) -> float:
     compute alone, plus the emulated compute of ``--compute`` per minibatch."""
     from learners.data import load_dataset
     from learners.serial import serial_steps, train_serial
-    from pserver.config import load_config
+    from pserver.plan.config import load_config
 
     over = [*common, f"run.seed={seed}", f"optim.lr={args.lr}", "run.out_dir=/nonexistent"]
     cfg = load_config(QUICKSTART, over)

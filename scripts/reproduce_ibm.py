@@ -68,7 +68,7 @@ def overrides(name: str, factor: float, args: argparse.Namespace) -> list[str]:
 
 def figures(path: Path, epochs: int) -> dict[str, Any]:
     """Time per epoch (training span / epochs), test errors, minibatches per learner."""
-    from pserver.stats.reader import load_dump
+    from pserver.dump.reader import load_dump
 
     d = load_dump(path)
     t, test, learners = d.group("train"), d.group("test"), d.group("learners")

@@ -54,8 +54,8 @@ from typing import Any
 import numpy as np
 from benchlib import ROOT, Launcher, bench_parser, median, parse, pserver_run, table, write_json
 
-from pserver.prediction import error_sq, horizon_sum, paper_staleness
-from pserver.stats.reader import load_dump
+from pserver.dump.reader import load_dump
+from pserver.optim.prediction import error_sq, horizon_sum, paper_staleness
 
 CONFIG = ROOT / "examples" / "quickstart.toml"
 KINDS = ("ASGD", "PP-ASGD", "SSGD")

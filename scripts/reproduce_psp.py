@@ -33,7 +33,7 @@ R pull requests: one per block per minibatch), then sets
     delay = 4 / 154 · T        prob = 11.5 / R
 
 so that Sync with delays again runs ≈ 30 % longer and each delay again lasts ≈ 2.6 % of the
-run. Which replies are delayed is a pure function of ``run.seed`` (``pserver.inject``); repeat
+run. Which replies are delayed is a pure function of ``run.seed`` (``pserver.plan.inject``); repeat
 r uses seed ``--seed + r``.
 
 "Epochs" are counted as pserver counts them: a block stops once it has *applied* epochs × the
@@ -215,7 +215,7 @@ def run_one(
 
 def read_dump(result: RunResult, path: Path) -> RunResult:
     """Fill ``result`` from a finished dump: wall time, test error, drops, stale blocks."""
-    from pserver.stats.reader import load_dump
+    from pserver.dump.reader import load_dump
 
     try:
         dump = load_dump(path)

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 from benchlib import ROOT, Launcher, bench_parser, parse, pserver_run, table, write_json
 
-from pserver.topology import tree_size
+from pserver.plan.topology import tree_size
 
 CONFIG = ROOT / "examples" / "quickstart.toml"
 EXPERIMENTS = ("fig3", "fig4", "sweep", "table4")
@@ -141,7 +141,7 @@ def run_one(launcher: Launcher, args: argparse.Namespace, job: Job) -> Outcome:
 
 
 def read_outcome(outcome: Outcome, out_dir: Path) -> Outcome:
-    from pserver.stats.reader import DumpError
+    from pserver.dump.reader import DumpError
     from pserver.stats.runs import load_run
     from pserver.stats.tables import applied_staleness, run_facts
 

@@ -7,7 +7,7 @@ blocks, comm engine, aggregator and broadcast trees, transport, partial pulling,
 straggler learners and shards, a learner stopped mid-pull, weight versions, the overlap
 engines' in-flight bound, emulated compute, model), asks pserver's own validation whether
 it can run (a refused draw is drawn again, so the soak spends its time on runs), launches it
-under ``mpiexec`` with a hard timeout and checks the dump with ``pserver.stats.check``. The
+under ``mpiexec`` with a hard timeout and checks the dump with ``pserver.dump.check``. The
 outcome of every run is one of:
 
 * ``ok`` — exit 0 and a consistent dump;
@@ -31,12 +31,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from pserver import launch
-from pserver.config import load_config
+from pserver.dump.check import check_dump
+from pserver.dump.reader import load_dump
 from pserver.errors import PserverError
-from pserver.stats.check import check_dump
-from pserver.stats.reader import load_dump
-from pserver.topology import make_layout, tree_size
+from pserver.job import launch
+from pserver.plan.config import load_config
+from pserver.plan.topology import make_layout, tree_size
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "examples" / "quickstart.toml"

@@ -26,7 +26,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from pserver import launch
+from pserver.job import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = ROOT / "tests" / "gossip_prog.py"
@@ -75,8 +75,8 @@ def draw_cli(rng: random.Random) -> tuple[int, list[str]]:
 
 def cli_run(n: int, sets: list[str], out: Path, timeout: float) -> tuple[str, float, str]:
     """One training of λ = ``n`` learners in ``out``: ok, failed (with why) or hang."""
-    from pserver.stats.check import check_dump
-    from pserver.stats.reader import load_dump
+    from pserver.dump.check import check_dump
+    from pserver.dump.reader import load_dump
 
     out.mkdir(parents=True, exist_ok=True)
     config = out / "adpsgd.toml"

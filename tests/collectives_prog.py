@@ -14,7 +14,7 @@ import traceback
 import numpy as np
 from mpi4py import MPI
 
-from pserver.backend import select_backend
+from pserver.comm.backend import select_backend
 from pserver.comm.collectives import Allreducer, Neighbours, learner_comm, ring
 from pserver.comm.waiting import PeerLog, Waiter
 

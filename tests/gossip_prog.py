@@ -19,7 +19,7 @@ import traceback
 import numpy as np
 from mpi4py import MPI
 
-from pserver.backend import StagingBuffers, select_backend
+from pserver.comm.backend import StagingBuffers, select_backend
 from pserver.comm.waiting import PeerLog, Waiter
 from pserver.roles.gossip import Gossip
 

@@ -1,6 +1,6 @@
 """Launch real ``mpiexec`` jobs from tests, each under a hard timeout that kills the whole job.
 
-Thin wrappers over :mod:`pserver.launch`: the launcher and its flags come from
+Thin wrappers over :mod:`pserver.job.launch`: the launcher and its flags come from
 ``PSERVER_MPIEXEC`` / ``PSERVER_MPIEXEC_FLAGS`` (``docs/launching.md``).
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pserver import launch
+from pserver.job import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "examples" / "quickstart.toml"
@@ -50,7 +50,7 @@ def run_job(
     env: Mapping[str, str] | None = None,
     flags: Sequence[str] = (),
 ) -> Result:
-    """``mpiexec -n N python -m pserver.cli ARGS``; a job past ``timeout`` is killed and fails.
+    """``mpiexec -n N python -m pserver.job.cli ARGS``; a job past ``timeout`` is killed and fails.
 
     ``env``: variables added to this process's environment for the job; ``flags``: launcher
     flags added after those of ``$PSERVER_MPIEXEC_FLAGS``.

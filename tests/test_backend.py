@@ -13,7 +13,7 @@ import types
 import numpy as np
 import pytest
 
-from pserver.backend import (
+from pserver.comm.backend import (
     CPU,
     Backend,
     StagingBuffers,
@@ -21,9 +21,9 @@ from pserver.backend import (
     detect_cuda_aware,
     select_backend,
 )
-from pserver.config import OptimConfig
 from pserver.errors import BackendError, ConfigError
-from pserver.optim import RULES, make_updater
+from pserver.optim.rules import RULES, make_updater
+from pserver.plan.config import OptimConfig
 
 
 def fake_cupy(n_devices: int = 0, error: Exception | None = None) -> tuple[types.ModuleType, list]:
@@ -131,7 +131,7 @@ def test_forcing_cuda_aware_against_the_library_warns(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy(n_devices=1)[0])
-    with caplog.at_level("WARNING", logger="pserver.backend"):
+    with caplog.at_level("WARNING", logger="pserver.comm.backend"):
         select_backend("gpu", 0, 1, cuda_aware="yes", mpi_module=fake_mpi(), env={})
         assert not caplog.records  # the library offers no query: nothing to contradict
         aware = fake_mpi(Query_cuda_support=lambda: True)
@@ -162,7 +162,7 @@ def test_modules_import_without_touching_cupy() -> None:
     # A GPU-less install must import these; with ``cupy`` blocked, any top-level import fails.
     code = (
         "import sys; sys.modules['cupy'] = sys.modules['cupyx'] = None\n"
-        "import pserver.backend, pserver.optim\n"
+        "import pserver.comm.backend, pserver.optim.rules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
@@ -242,7 +242,7 @@ def test_vendor_from_library_version_string() -> None:
 def test_detect_with_the_real_mpi_library() -> None:
     # In a child process so that this test session does not initialize MPI. The MPICH and
     # Open MPI wheels export MPIX_Query_cuda_support; either way the answer is a bool.
-    code = "from pserver.backend import detect_cuda_aware\nprint(detect_cuda_aware(env={}))\n"
+    code = "from pserver.comm.backend import detect_cuda_aware\nprint(detect_cuda_aware(env={}))\n"
     out = subprocess.run(
         [sys.executable, "-c", code], check=True, timeout=120, capture_output=True, text=True
     ).stdout

@@ -22,7 +22,7 @@ def test_the_common_options_and_their_defaults():
     args = benchlib.parse(p, [])
     assert (args.repeats, args.timeout, args.quiet_idle, args.json) == (3, 120.0, 0.8, None)
     assert args.mpiexec is None and args.mpiexec_flags is None and args.set == []
-    assert args.pserver_run  # a pserver-run beside this Python, or python -m pserver.cli
+    assert args.pserver_run  # a pserver-run beside this Python, or python -m pserver.job.cli
 
 
 def test_repeat_is_an_alias_and_set_takes_both_spellings():

@@ -11,7 +11,7 @@ import sys
 import pytest
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from pserver.blas import THREAD_ENV, blas_thread_limit, limit_blas_threads
+from pserver.optim.blas import THREAD_ENV, blas_thread_limit, limit_blas_threads
 
 
 def test_auto_is_one_thread_per_rank_unless_the_environment_chose():
@@ -50,9 +50,9 @@ def test_the_limit_reaches_scipys_blas_loaded_later_by_the_sgd_update():
 import json
 import logging
 from threadpoolctl import threadpool_info
-from pserver.blas import limit_blas_threads
-from pserver.config import OptimConfig
-from pserver.optim import make_updater
+from pserver.optim.blas import limit_blas_threads
+from pserver.plan.config import OptimConfig
+from pserver.optim.rules import make_updater
 import numpy as np
 limit_blas_threads(0, logging.getLogger("t"))
 w, g = np.zeros(1000, np.float32), np.ones(1000, np.float32)
@@ -67,15 +67,15 @@ print(json.dumps([(i["filepath"], i["num_threads"]) for i in threadpool_info()
 
 
 def test_a_shard_loads_scipys_blas_before_training_within_the_limit():
-    # pserver.optim.preload runs before the start barrier (cli.run): imported at the first
+    # pserver.optim.rules.preload runs before the start barrier (cli.run): imported at the first
     # update instead, SciPy took 1-3 s while overlapped learners computed on w0
     code = """
 import json
 import logging
 import sys
 from threadpoolctl import threadpool_info
-from pserver.blas import limit_blas_threads
-from pserver.optim import preload
+from pserver.optim.blas import limit_blas_threads
+from pserver.optim.rules import preload
 import numpy as np
 limit_blas_threads(0, logging.getLogger("t"))
 assert "scipy.linalg.blas" not in sys.modules

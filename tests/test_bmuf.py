@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from pserver import strategies
-from pserver.block_momentum import BlockMomentum, Filter, default_block_momentum
-from pserver.bmuf_block import BlockMomentumShard, block_filter
-from pserver.config import OptimConfig, load_config
-from pserver.epochs import EpochCounter
 from pserver.errors import ConfigError
-from pserver.local_rule import LocalRule, block_epoch
+from pserver.optim.block_momentum import BlockMomentum, Filter, default_block_momentum
+from pserver.optim.local_rule import LocalRule, block_epoch
+from pserver.plan.config import OptimConfig, load_config
 from pserver.protocols.block import BlockRound
+from pserver.protocols.bmuf_block import BlockMomentumShard, block_filter
+from pserver.protocols.epochs import EpochCounter
 from pserver.strategies.base import MODEL_AVERAGING
 
 # Dyadic values: every step below is exact in binary floating point, so the hand computation

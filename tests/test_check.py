@@ -1,4 +1,4 @@
-"""pserver.stats.check: a consistent hand-made dump passes, and each rule catches its breach."""
+"""pserver.dump.check: a consistent hand-made dump passes, and each rule catches its breach."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from mpirun import train
 
+from pserver.dump.check import check_dump
+from pserver.dump.reader import Dump
 from pserver.stats import cli
-from pserver.stats.check import check_dump
-from pserver.stats.reader import Dump
 
 I32, I64 = np.int32, np.int64
 

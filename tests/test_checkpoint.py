@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from learners.data import BatchSampler
-from pserver import checkpoint as ck
-from pserver.config import Config
+from pserver.ckpt import files as ck
+from pserver.plan.config import Config
 
 
 def _state(seed: int, n: int = 1000) -> dict[str, np.ndarray]:
@@ -89,7 +89,7 @@ def test_a_kill_during_the_write_leaves_the_previous_checkpoint(tmp_path: Path) 
     ck.write_state(path, _state(0), {"g": 1})
     code = textwrap.dedent(f"""
         import numpy as np, sys
-        from pserver import checkpoint as ck
+        from pserver.ckpt import files as ck
         big = {{f"a{{i}}": np.ones(4_000_000, np.float64) for i in range(40)}}
         print("writing", flush=True)
         ck.write_state({str(path)!r}, big, {{"g": 2}})

@@ -13,15 +13,15 @@ import pytest
 from mpi4py import MPI
 
 from learners.data import BatchSampler
-from pserver.bmuf_block import BlockMomentumShard
+from pserver.ckpt.drivers.draws import draws_state, restore_draws
+from pserver.ckpt.records.shard import block_state, restore_block
+from pserver.ckpt.resume import unsupported
 from pserver.comm.waiting import PeerLog, Waiter
-from pserver.config import Config
-from pserver.lockstep import LOCKSTEP, DataQuota, LockstepDraws
-from pserver.resume import unsupported
-from pserver.roles.draws_ckpt import draws_state, restore_draws
+from pserver.plan.config import Config
+from pserver.protocols.bmuf_block import BlockMomentumShard
+from pserver.protocols.lockstep import LOCKSTEP, DataQuota, LockstepDraws
 from pserver.roles.stop_vote import StopVote
-from pserver.shard_ckpt import block_state, restore_block
-from pserver.signals import STOP
+from pserver.runtime.signals import STOP
 
 
 def waiter() -> Waiter:

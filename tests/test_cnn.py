@@ -7,8 +7,8 @@ import pytest
 
 from learners.cnn import CNN, DEFAULT_CHANNELS, build_cnn, col2im, im2col, max_pool, max_unpool
 from learners.data import BatchSampler, load_dataset
-from pserver.config import CHOICES, DataConfig, ModelConfig
 from pserver.errors import ConfigError
+from pserver.plan.config import CHOICES, DataConfig, ModelConfig
 
 
 def toy(n: int = 4, side: int = 4, c: int = 3, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pserver.config import load_config
 from pserver.errors import ConfigError
+from pserver.plan.config import load_config
 
 LEVELS = {"THREAD_SINGLE": 0, "THREAD_FUNNELED": 1, "THREAD_SERIALIZED": 2, "THREAD_MULTIPLE": 3}
 
@@ -47,7 +47,7 @@ def test_quickstart_switches_to_sync_by_protocol_name_alone():
 
 
 def test_hybrid_in_every_mode_needs_thread_multiple():
-    from pserver.context import check_exchange_thread
+    from pserver.runtime.context import check_exchange_thread
 
     for mode in ("blocking", "nonblocking", "thread"):
         cfg = load_config(None, ['protocol.name="hybrid"', f'comm.mode="{mode}"'])

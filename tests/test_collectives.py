@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 from mpirun import ROOT
 
-from pserver.backend import select_backend
+from pserver.comm.backend import select_backend
 from pserver.comm.collectives import Allreducer, Neighbours, buckets, ring
 from pserver.comm.waiting import PeerLog, Waiter
 
@@ -54,7 +54,7 @@ def test_one_rank_allreduce_leaves_the_array_and_exchange_copies(staging):
 
 
 def test_learner_ranks_follow_the_layout_and_are_empty_for_bad_input(tmp_path):
-    from pserver.context import learner_ranks
+    from pserver.runtime.context import learner_ranks
 
     cfg = str(ROOT / "examples" / "quickstart.toml")
     assert learner_ranks(cfg, [], 7, [0] * 7) == (3, 4, 5, 6)  # 1 shard, stats, data, 4
@@ -64,7 +64,7 @@ def test_learner_ranks_follow_the_layout_and_are_empty_for_bad_input(tmp_path):
 
 
 def test_gpu_arrays_are_staged_unless_mpi_is_cuda_aware():
-    from pserver.backend import Backend
+    from pserver.comm.backend import Backend
     from pserver.comm.payload import staged
 
     gpu, aware = Backend("gpu", np, 0, False), Backend("gpu", np, 0, True)

@@ -1,7 +1,7 @@
 import pytest
 
-from pserver.config import load_config, parse_override
 from pserver.errors import ConfigError
+from pserver.plan.config import load_config, parse_override
 
 
 def write(tmp_path, text):
@@ -66,7 +66,7 @@ def test_negative_protocol_parameters_rejected(key):
 def test_every_config_key_is_documented():
     from pathlib import Path
 
-    from pserver.config import Config
+    from pserver.plan.config import Config
 
     docs = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
     for section, table in Config().to_dict().items():
@@ -95,7 +95,7 @@ LEVELS = {"THREAD_SINGLE": 0, "THREAD_FUNNELED": 1, "THREAD_SERIALIZED": 2, "THR
 
 @pytest.mark.parametrize("provided", [0, 1, 2])
 def test_thread_mode_refused_without_thread_multiple(provided):
-    from pserver.context import check_thread_level
+    from pserver.runtime.context import check_thread_level
 
     with pytest.raises(ConfigError, match="needs MPI_THREAD_MULTIPLE.*provides MPI_THREAD_"):
         check_thread_level("thread", provided, LEVELS)
@@ -122,7 +122,7 @@ def test_bounds_refused(override, fragment):
 
 
 def test_fail_learner_checked_against_the_learners_like_slow_learner():
-    from pserver.config import check_fail_learner
+    from pserver.plan.config import check_fail_learner
 
     cfg = load_config(None, ["inject.fail_learner=99"])
     with pytest.raises(ConfigError, match=r"inject.fail_learner = 99: expected -1 \(none\) or one "

@@ -1,11 +1,12 @@
-"""comm.max_inflight: validated before training (pserver/config.py, pserver/inflight.py)."""
+"""comm.max_inflight: validated before training (pserver/plan/config.py,
+pserver/protocols/inflight.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pserver.config import load_config
 from pserver.errors import ConfigError
+from pserver.plan.config import load_config
 
 
 def test_default_is_auto_and_overlapped_async_or_softsync_accept_a_bound():

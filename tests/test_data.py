@@ -3,8 +3,8 @@ import pytest
 
 from learners.data import BatchSampler, load_dataset, write_hdf5_dataset
 from learners.models import build_model
-from pserver.config import DataConfig, ModelConfig
 from pserver.errors import DataError
+from pserver.plan.config import DataConfig, ModelConfig
 
 
 def test_digits_shapes_types_and_stratified_split():

@@ -15,9 +15,9 @@ import h5py
 import numpy as np
 import pytest
 
+from pserver.dump.reader import load_dump
+from pserver.dump.writer import DumpWriteError, StatsWriter
 from pserver.stats import cli
-from pserver.stats.reader import load_dump
-from pserver.stats.writer import DumpWriteError, StatsWriter
 from tests.mpirun import QUICKSTART, run_job
 from tests.test_stats_dump import ATTRS, write_hand_dump
 

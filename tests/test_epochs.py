@@ -1,11 +1,11 @@
-"""Epochs and termination as pure decisions (pserver/epochs.py), in one process."""
+"""Epochs and termination as pure decisions (pserver/protocols/epochs.py), in one process."""
 
 from __future__ import annotations
 
 import pytest
 
-from pserver.config import Config
-from pserver.epochs import EpochCounter
+from pserver.plan.config import Config
+from pserver.protocols.epochs import EpochCounter
 
 
 def counter(**kw) -> EpochCounter:

@@ -10,15 +10,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pserver.checkpoint import CheckpointError, State, read_state, write_state
-from pserver.config import load_config
-from pserver.epochs import EpochCounter
-from pserver.gossip import VectorClock, local_epoch
-from pserver.gossip_ckpt import agreed_cut, check_learner, minibatches_to, owed
-from pserver.local_update import LocalUpdate
-from pserver.lockstep import FREE, DataQuota
-from pserver.quota_ckpt import quota_state, restore_quota
-from pserver.roles.gossip_ckpt import exchange_state, restore_exchange
+from pserver.ckpt.drivers.gossip import exchange_state, restore_exchange
+from pserver.ckpt.files import CheckpointError, State, read_state, write_state
+from pserver.ckpt.records.gossip import agreed_cut, check_learner, minibatches_to, owed
+from pserver.ckpt.records.quota import quota_state, restore_quota
+from pserver.optim.local_update import LocalUpdate
+from pserver.plan.config import load_config
+from pserver.protocols.epochs import EpochCounter
+from pserver.protocols.lockstep import FREE, DataQuota
+from pserver.protocols.ring import VectorClock, local_epoch
 
 
 def fake_exchange(cfg, w: np.ndarray, n_learners: int = 1, me: int = 0, train_size: int = 1):
@@ -116,8 +116,8 @@ def test_a_learner_state_that_does_not_fit_is_refused():
 
 
 def test_adpsgd_and_prediction_are_supported_also_with_a_tree():
-    from pserver.config import Config
-    from pserver.resume import unsupported
+    from pserver.ckpt.resume import unsupported
+    from pserver.plan.config import Config
 
     cfg = Config()
     cfg.protocol.name, cfg.cluster.servers = "adpsgd", 0

@@ -1,4 +1,5 @@
-"""ADPSGD's ring schedule (pserver.gossip), pure: the graph, and a one-process simulator that
+"""ADPSGD's ring schedule (pserver.protocols.ring), pure: the graph, and a one-process simulator
+that
 runs every learner's threads under random interleavings (random delays) and asserts that the
 run ends (no deadlock), that every goodbye is matched, and that each exchange mixed the models
 doubly stochastically (the sum of the models moves by the applied updates only).
@@ -17,7 +18,7 @@ from collections.abc import Callable, Generator
 
 import pytest
 
-from pserver.gossip import (
+from pserver.protocols.ring import (
     ANSWER,
     BYE,
     EXCHANGE,
@@ -288,7 +289,7 @@ def test_an_update_between_send_and_average_breaks_the_sum():
 
 def test_one_learners_own_steps_are_the_serial_reference_bit_for_bit():
     """ADPSGD refuses λ = 1 (no neighbour), but its arithmetic without exchanges is the serial
-    reference's: the learner's own update (pserver.local_update) at the epoch ``local_epoch``
+    reference's: the learner's own update (pserver.optim.local_update) at the epoch ``local_epoch``
     gives, over the serial minibatch stream, exactly ``learners.serial.train_serial``'s weights
     (with the quickstart's momentum, weight decay and learning-rate milestones)."""
     import numpy as np
@@ -296,9 +297,9 @@ def test_one_learners_own_steps_are_the_serial_reference_bit_for_bit():
     from learners.data import BatchSampler, load_dataset
     from learners.models import build_model
     from learners.serial import train_serial
-    from pserver.config import load_config
-    from pserver.gossip import local_epoch
-    from pserver.local_update import LocalUpdate
+    from pserver.optim.local_update import LocalUpdate
+    from pserver.plan.config import load_config
+    from pserver.protocols.ring import local_epoch
 
     cfg = load_config(None, ["optim.rule=momentum", "optim.weight_decay=1e-4",
                              "optim.lr_milestones=[1, 2]", "model.kind=mlp", "model.hidden=[8]",

@@ -20,9 +20,9 @@ import pytest
 from learners.cnn import build_cnn
 from learners.data import BatchSampler, load_dataset
 from learners.models import build_model
-from pserver.backend import StagingBuffers, select_backend
-from pserver.config import DataConfig, ModelConfig
+from pserver.comm.backend import StagingBuffers, select_backend
 from pserver.errors import BackendError
+from pserver.plan.config import DataConfig, ModelConfig
 
 pytestmark = pytest.mark.gpu
 

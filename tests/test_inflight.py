@@ -1,10 +1,11 @@
-"""The in-flight bound of overlapped learners (pserver/inflight.py), driven by scripted events."""
+"""The in-flight bound of overlapped learners (pserver/protocols/inflight.py), driven by scripted
+events."""
 
 from __future__ import annotations
 
 import pytest
 
-from pserver.inflight import AUTO_LIMIT, InflightWindow, inflight_limit
+from pserver.protocols.inflight import AUTO_LIMIT, InflightWindow, inflight_limit
 
 
 def test_auto_is_the_double_buffer_and_explicit_values_stay():

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from pserver.errors import ConfigError
-from pserver.inject import InjectPlan, mix64, uniform
+from pserver.plan.inject import InjectPlan, mix64, uniform
 
 GRID = list(itertools.product(range(4), range(25), range(1000)))  # 100k (server, learner, i)
 

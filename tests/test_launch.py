@@ -1,4 +1,4 @@
-"""pserver.launch in one process: the launcher from the environment, the command it builds, the
+"""pserver.job.launch in one process: the launcher from the environment, the command it builds, the
 hard timeout that kills the job's whole process group, the watch that stops a job early."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mpirun import run_job
 
-from pserver import launch
+from pserver.job import launch
 
 # A parent that starts a long-running child in its own process group and prints the child's
 # pid before it waits: the grandchild a killed mpiexec would leave behind (a rank).
@@ -95,7 +95,7 @@ def test_the_command_reads_the_environment_when_no_launcher_is_given(monkeypatch
     monkeypatch.setenv(launch.FLAGS_VAR, "--oversubscribe --allow-run-as-root")
     assert launch.mpi_command(2, [*launch.pserver_cli(), "x.toml"]) == [
         "mpirun", "--oversubscribe", "--allow-run-as-root", "-n", "2",
-        sys.executable, "-m", "pserver.cli", "x.toml",
+        sys.executable, "-m", "pserver.job.cli", "x.toml",
     ]  # fmt: skip
 
 
@@ -146,7 +146,7 @@ def test_a_launcher_that_does_not_exist_is_one_clear_error():
 
 def test_the_launch_module_imports_no_mpi():
     """Pure: importing it (as the tests and benchmark drivers do) must not initialize MPI."""
-    code = "import sys, pserver.launch; print('mpi4py' in sys.modules)"
+    code = "import sys, pserver.job.launch; print('mpi4py' in sys.modules)"
     res = launch.run([sys.executable, "-c", code], timeout=60, env=os.environ)
     assert res.check().stdout.strip() == "False"
 

@@ -111,7 +111,7 @@ def test_slurm_script_passes_sigterm_on_to_every_rank(tmp_path):
     import signal
     import time
 
-    from pserver.stats.reader import load_dump
+    from pserver.dump.reader import load_dump
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(PSERVER_NP="4", PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}")
@@ -149,8 +149,8 @@ def test_slurm_script_turns_the_time_limit_warning_into_a_checkpoint_to_resume(t
     import signal
     import time
 
-    from pserver.checkpoint import latest
-    from pserver.stats.reader import load_dump
+    from pserver.ckpt.files import latest
+    from pserver.dump.reader import load_dump
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(PSERVER_NP="4", PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}")

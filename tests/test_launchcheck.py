@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pserver.launchcheck import lone_rank
+from pserver.job.launchcheck import lone_rank
 
 
 def srun(rank: int, tasks: int = 7) -> dict[str, str]:

@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from pserver.config import load_config
 from pserver.errors import ConfigError
-from pserver.limits import (
+from pserver.plan.config import load_config
+from pserver.plan.limits import (
     NodeBudget,
     RunSizes,
     available_memory,
@@ -80,7 +80,7 @@ def test_blas_threads_bounded_by_the_cores():
     ],
 )
 def test_prepare_refuses_what_the_node_cannot_hold(overrides, key):
-    from pserver.context import prepare
+    from pserver.runtime.context import prepare
 
     cfg = load_config(None, overrides)
     with pytest.raises(ConfigError) as info:  # before: MemoryError, or minutes of allocation
@@ -89,14 +89,15 @@ def test_prepare_refuses_what_the_node_cannot_hold(overrides, key):
 
 
 def test_prepare_accepts_the_quickstart_on_a_small_node():
-    from pserver.context import prepare
+    from pserver.runtime.context import prepare
 
     ctx = prepare(load_config(None, []), 7, 3, logging.getLogger("test"), available=GiB)
     assert ctx.model.n_params > 0
 
 
 def test_the_shards_weight_versions_are_counted():
-    """A shard serves pulls from up to comm.versions copies of its blocks (pserver.versions)."""
+    """A shard serves pulls from up to comm.versions copies of its blocks
+    (pserver.protocols.versions)."""
     one = RunSizes(GiB // 4, 4, 0, 64, 32, prefetch=2, on_gpu=False, versions=1)
     three = RunSizes(GiB // 4, 4, 0, 64, 32, prefetch=2, on_gpu=False, versions=3)
     assert three.rank_bytes("server")["model"] - one.rank_bytes("server")["model"] == 2 * GiB
@@ -107,7 +108,7 @@ def test_the_shards_weight_versions_are_counted():
 
 def test_only_the_data_and_statistics_servers_hold_the_dataset(tmp_path):
     """Memory where it is needed: a learner or shard sees the data's shape, not its samples."""
-    from pserver.context import prepare
+    from pserver.runtime.context import prepare
 
     over = ["data.source=synthetic", "data.n_samples=4000", f"run.out_dir={tmp_path}"]
     cfg = load_config(None, over)

@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 
 from learners.serial import serial_steps
-from pserver.config import load_config
-from pserver.epochs import EpochCounter
-from pserver.local_update import LocalUpdate
-from pserver.lockstep import (
+from pserver.optim.local_update import LocalUpdate
+from pserver.optim.rules import make_updater, scheduled_lr
+from pserver.plan.config import load_config
+from pserver.plan.topology import NO_SHARD, make_layout, split_blocks
+from pserver.protocols.epochs import EpochCounter
+from pserver.protocols.lockstep import (
     FREE,
     LOCKSTEP,
     DataQuota,
@@ -22,8 +24,6 @@ from pserver.lockstep import (
     lockstep_steps,
     total_minibatches,
 )
-from pserver.optim import make_updater, scheduled_lr
-from pserver.topology import NO_SHARD, make_layout, split_blocks
 
 
 def plan(n_learners: int, epochs: int = 3, train: int = 1347, batch: int = 16) -> RunPlan:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 
-from pserver.logs import setup_logging, wait_until_read
+from pserver.runtime.logs import setup_logging, wait_until_read
 
 
 def test_every_line_names_rank_role_and_host(capsys):

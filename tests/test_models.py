@@ -3,8 +3,8 @@ import pytest
 
 from learners.data import BatchSampler, load_dataset
 from learners.models import MLP, Softmax, build_model
-from pserver.config import DataConfig, ModelConfig
 from pserver.errors import ConfigError
+from pserver.plan.config import DataConfig, ModelConfig
 
 
 def toy(n=12, f=5, c=3, seed=0):

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from mpirun import QUICKSTART, assert_learned, run_job
 
-from pserver.config import load_config
-from pserver.gossip import Ring
-from pserver.lockstep import total_minibatches
-from pserver.stats.check import check_dump
-from pserver.stats.reader import load_dump
-from pserver.stats.schema import GROUPS, MODEL_WEIGHTS
+from pserver.dump.check import check_dump
+from pserver.dump.reader import load_dump
+from pserver.dump.schema import GROUPS, MODEL_WEIGHTS
+from pserver.plan.config import load_config
+from pserver.protocols.lockstep import total_minibatches
+from pserver.protocols.ring import Ring
 
 pytestmark = pytest.mark.mpi
 

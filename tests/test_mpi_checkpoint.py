@@ -21,8 +21,8 @@ import h5py
 import numpy as np
 import pytest
 
-from pserver import launch
-from pserver.checkpoint import MANIFEST, latest
+from pserver.ckpt.files import MANIFEST, latest
+from pserver.job import launch
 from tests.mpirun import QUICKSTART, ROOT, run_job
 
 pytestmark = pytest.mark.mpi

@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 import pytest
 
-from pserver.checkpoint import latest, rank_file, read_state
+from pserver.ckpt.files import latest, rank_file, read_state
 from tests.mpirun import QUICKSTART, assert_learned, run_job
 from tests.test_mpi_checkpoint import (
     assert_resumed_equals_whole,
@@ -116,7 +116,7 @@ def test_three_learners_stop_at_one_boundary_and_the_resumed_run_learns(tmp_path
         assert steps[0] % 4 == 0, steps  # at a block's start
     resumed = job(a, n, *slow, resume=True)
     assert resumed.returncode == 0, resumed.output
-    from pserver.stats.reader import load_dump
+    from pserver.dump.reader import load_dump
 
     dump = load_dump(a / "stats.h5")
     assert dump.attrs["restarts"] == 1

@@ -23,11 +23,11 @@ import h5py
 import numpy as np
 import pytest
 
-from pserver.checkpoint import latest, rank_file, read_state
-from pserver.config import load_config
-from pserver.lockstep import total_minibatches
-from pserver.stats.check import check_dump
-from pserver.stats.reader import load_dump
+from pserver.ckpt.files import latest, rank_file, read_state
+from pserver.dump.check import check_dump
+from pserver.dump.reader import load_dump
+from pserver.plan.config import load_config
+from pserver.protocols.lockstep import total_minibatches
 from tests.mpirun import QUICKSTART, assert_learned
 from tests.test_mpi_checkpoint import job, stop_with_sigterm
 

@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 import pytest
 
-from pserver.checkpoint import latest
+from pserver.ckpt.files import latest
 from tests.test_mpi_checkpoint import (
     assert_resumed_equals_whole,
     final_model,
@@ -33,7 +33,7 @@ PREDICT = ["protocol.predict=true", "protocol.predict_probe=7"]
 # The uninterrupted overlapped run is deterministic only while the learner, right after a push,
 # reaches its next minibatch before the answer to the pull that followed the push is in: then
 # every minibatch from the second on waits for the answer its in-flight window requires
-# (pserver.inflight) and computes on it. A shard quicker than that (a learner descheduled
+# (pserver.protocols.inflight) and computes on it. A shard quicker than that (a learner descheduled
 # between its push and its next minibatch) lets it compute on a newer model once, and the runs
 # differ from there, resumed or not. A shard slowed down 30 times (it sleeps after handling each
 # message) keeps the learner ahead; the arithmetic is unchanged.

@@ -1,5 +1,6 @@
 """Checkpoints of partial pulling (PSP-SGD's ``protocol.pull_fraction < 1``, the iteration
-rule) on real mpiexec jobs (docs/checkpoints.md, *Partial pulling*; pserver/partial_pull_ckpt.py).
+rule) on real mpiexec jobs (docs/checkpoints.md, *Partial pulling*;
+pserver/ckpt/records/partial_pull.py).
 
 Before: ``--resume`` and ``run.checkpoint_interval`` were refused with partial pulling, and a
 SIGTERM ended such a run at once with no checkpoint (exit 143, not 75). Every job runs under a
@@ -14,9 +15,9 @@ import h5py
 import numpy as np
 import pytest
 
-from pserver.checkpoint import latest
-from pserver.stats.check import check_dump
-from pserver.stats.reader import load_dump
+from pserver.ckpt.files import latest
+from pserver.dump.check import check_dump
+from pserver.dump.reader import load_dump
 from tests.mpirun import QUICKSTART, assert_learned, final_weights, run_job
 from tests.test_mpi_checkpoint import assert_resumed_equals_whole, stop_with_sigterm, unslowed
 

@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-from pserver.checkpoint import latest
+from pserver.ckpt.files import latest
 from tests.test_mpi_checkpoint import (
     assert_resumed_equals_whole,
     final_model,

@@ -1,5 +1,6 @@
 """Checkpoints, ``--resume``, SIGTERM and periodic checkpoints over ``comm.transport = "shm"``
-(docs/checkpoints.md, "The shared-memory transport"; the argument is in pserver/roles/shm_ckpt.py).
+(docs/checkpoints.md, "The shared-memory transport"; the argument is in
+pserver/ckpt/drivers/shm.py).
 
 shm needs ``comm.mode = "blocking"`` (``config.validate``), so the overlapped modes do not
 occur here. The λ = 1 cases take the window's three paths: one shard holding the model in one
@@ -19,10 +20,10 @@ from pathlib import Path
 import h5py
 import pytest
 
-from pserver.checkpoint import latest
+from pserver.ckpt.files import latest
+from pserver.dump.check import check_dump
+from pserver.dump.reader import load_dump
 from pserver.stats import cli as stats_cli
-from pserver.stats.check import check_dump
-from pserver.stats.reader import load_dump
 from tests.mpirun import QUICKSTART, assert_learned, final_weights, run_job
 from tests.test_mpi_checkpoint import (
     assert_resumed_equals_whole,

@@ -1,5 +1,5 @@
 """Checkpoints with Rudra-adv's aggregator tree and the learner broadcast tree, on real mpiexec
-jobs (docs/checkpoints.md, *Trees*; pserver/roles/aggregator_ckpt.py, pserver/roles/bcast.py).
+jobs (docs/checkpoints.md, *Trees*; pserver/ckpt/drivers/aggregator.py, pserver/roles/bcast.py).
 
 Both trees were refused (``--resume``, ``run.checkpoint_interval``) and a SIGTERM killed them.
 What is exact: λ = 1 hardsync under an aggregator is deterministic (each relayed sum is the one
@@ -22,11 +22,11 @@ import h5py
 import numpy as np
 import pytest
 
-from pserver.checkpoint import latest, rank_file, read_state
-from pserver.config import load_config
-from pserver.stats.check import check_dump, last_rows
-from pserver.stats.reader import load_dump
-from pserver.topology import make_layout
+from pserver.ckpt.files import latest, rank_file, read_state
+from pserver.dump.check import check_dump, last_rows
+from pserver.dump.reader import load_dump
+from pserver.plan.config import load_config
+from pserver.plan.topology import make_layout
 from tests.mpirun import QUICKSTART
 from tests.test_mpi_checkpoint import (
     assert_resumed_equals_whole,

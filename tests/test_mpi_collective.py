@@ -10,11 +10,11 @@ from mpirun import QUICKSTART, assert_learned, final_weights, run_job, train
 
 from learners.data import load_dataset
 from learners.serial import serial_steps, train_serial, train_serial_delayed
-from pserver.config import load_config
-from pserver.stats.check import check_dump
+from pserver.dump.check import check_dump
+from pserver.dump.reader import load_dump, summarize
+from pserver.dump.schema import GROUPS
+from pserver.plan.config import load_config
 from pserver.stats.cli import format_summary
-from pserver.stats.reader import load_dump, summarize
-from pserver.stats.schema import GROUPS
 
 pytestmark = pytest.mark.mpi
 

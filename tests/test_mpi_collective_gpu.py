@@ -11,8 +11,8 @@ from mpirun import QUICKSTART, assert_learned, final_weights, require_gpu, train
 
 from learners.data import load_dataset
 from learners.serial import train_serial, train_serial_delayed
-from pserver.config import load_config
-from pserver.stats.reader import load_dump
+from pserver.dump.reader import load_dump
+from pserver.plan.config import load_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 

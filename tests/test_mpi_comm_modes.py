@@ -9,8 +9,8 @@ from mpirun import QUICKSTART, train
 
 from learners.data import load_dataset
 from learners.serial import train_serial
-from pserver.config import load_config
-from pserver.stats.reader import load_dump
+from pserver.dump.reader import load_dump
+from pserver.plan.config import load_config
 
 pytestmark = pytest.mark.mpi
 
@@ -67,7 +67,7 @@ def gradients_by_learner(dump) -> dict[int, tuple[np.ndarray, np.ndarray]]:  # n
 def test_async_learners_compute_on_models_holding_all_but_max_inflight_of_their_gradients(
     tmp_path, mode
 ):
-    # pserver/inflight.py: gradient k is computed on weights that contain the learner's
+    # pserver/protocols/inflight.py: gradient k is computed on weights that contain the learner's
     # gradient k - m (async: each gradient is its own update, whose timestamp "update" is);
     # without the bound a learner computed dozens of gradients on w0 (max σ up to 134)
     m = 2  # comm.max_inflight = 0: auto

@@ -1,5 +1,5 @@
 """A key the run ignores but does not refuse is warned about once per run, by rank 0 alone
-(pserver/unused.py; pserver/cli.py logs it after reading the config)."""
+(pserver/plan/unused.py; pserver/job/cli.py logs it after reading the config)."""
 
 from __future__ import annotations
 

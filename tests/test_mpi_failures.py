@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from mpirun import QUICKSTART, run_job, train
 
-from pserver.stats.reader import load_dump
+from pserver.dump.reader import load_dump
 
 pytestmark = pytest.mark.mpi
 

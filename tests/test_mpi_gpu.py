@@ -19,8 +19,8 @@ from mpirun import QUICKSTART, ROOT, assert_learned, final_weights, require_gpu,
 
 from learners.data import load_dataset
 from learners.serial import serial_steps, train_serial
-from pserver.config import load_config
-from pserver.stats.reader import load_dump
+from pserver.dump.reader import load_dump
+from pserver.plan.config import load_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 
@@ -97,7 +97,7 @@ def test_gpu_loss_curve_matches_cpu_backend(tmp_path):
 def test_cuda_aware_path_where_the_library_is(tmp_path):
     from mpi4py import MPI
 
-    from pserver.backend import detect_cuda_aware
+    from pserver.comm.backend import detect_cuda_aware
 
     if not detect_cuda_aware(MPI):
         pytest.skip(f"{MPI.Get_library_version().splitlines()[0]} is not CUDA-aware")

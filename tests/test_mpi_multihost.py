@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from mpirun import QUICKSTART, ROOT, Result, launcher_is_hydra, mpiexec
 
-from pserver.stats.reader import load_dump
+from pserver.dump.reader import load_dump
 
 pytestmark = [
     pytest.mark.mpi,
@@ -103,7 +103,7 @@ def run_across(hosts: Hosts, slots: list[int], out: Path, *overrides: str) -> Re
         str(hosts.bin / "nsrun"), "h1",
         mpiexec(), "-launcher", "ssh", "-launcher-exec", str(hosts.bin / "nsssh"),
         "-f", str(hostfile), "-n", str(sum(slots)),
-        sys.executable, "-m", "pserver.cli", str(QUICKSTART), f"run.out_dir={out}",
+        sys.executable, "-m", "pserver.job.cli", str(QUICKSTART), f"run.out_dir={out}",
         "stats.progress=false", "run.log_level=debug", *overrides,
     ]
     proc = subprocess.Popen(

@@ -29,7 +29,7 @@ def test_killed_shard_is_named_by_the_survivors(tmp_path):
     pids.mkdir()
     cmd = [
         mpiexec(), "-n", "7", "sh", "-c", WRAPPER, "sh",
-        sys.executable, "-m", "pserver.cli", str(QUICKSTART), f"run.out_dir={tmp_path / 'run'}",
+        sys.executable, "-m", "pserver.job.cli", str(QUICKSTART), f"run.out_dir={tmp_path / 'run'}",
         "run.epochs=1000", "stats.progress=false", "inject.compute_time=0.002",
     ]
     proc = subprocess.Popen(

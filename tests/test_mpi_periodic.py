@@ -18,10 +18,10 @@ import h5py
 import numpy as np
 import pytest
 
-from pserver import launch
-from pserver.checkpoint import latest, rank_file, read_state
-from pserver.stats.check import check_dump
-from pserver.stats.reader import load_dump
+from pserver.ckpt.files import latest, rank_file, read_state
+from pserver.dump.check import check_dump
+from pserver.dump.reader import load_dump
+from pserver.job import launch
 from tests.mpirun import QUICKSTART, ROOT, final_weights, run_job
 from tests.test_mpi_checkpoint import unslowed
 

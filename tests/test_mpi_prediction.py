@@ -11,9 +11,9 @@ from mpirun import QUICKSTART, assert_learned, run_job, train
 
 from learners.data import load_dataset
 from learners.serial import train_serial, train_serial_predicted
-from pserver.config import load_config
-from pserver.stats.check import check_dump
-from pserver.stats.reader import load_dump
+from pserver.dump.check import check_dump
+from pserver.dump.reader import load_dump
+from pserver.plan.config import load_config
 
 pytestmark = pytest.mark.mpi
 

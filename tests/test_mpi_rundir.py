@@ -10,7 +10,7 @@ import sys
 import pytest
 from mpirun import QUICKSTART, run_job
 
-from pserver.stats.reader import load_dump
+from pserver.dump.reader import load_dump
 
 pytestmark = pytest.mark.mpi
 

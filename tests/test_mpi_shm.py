@@ -9,8 +9,8 @@ from mpirun import QUICKSTART, assert_learned, run_job, train
 
 from learners.data import load_dataset
 from learners.serial import train_serial
-from pserver.config import load_config
-from pserver.stats.reader import load_dump
+from pserver.dump.reader import load_dump
+from pserver.plan.config import load_config
 
 pytestmark = pytest.mark.mpi
 
@@ -68,7 +68,7 @@ def test_window_too_big_for_dev_shm_is_refused_before_training(tmp_path):
 
 def test_window_plan_versions_and_slots():
     from pserver.comm.shm import plan, window_bytes
-    from pserver.topology import make_layout, split_blocks
+    from pserver.plan.topology import make_layout, split_blocks
 
     cfg = load_config(None, ["cluster.servers=1"])
     lay = make_layout(7, cfg)  # shard 0, stats 1, data 2, learners 3-6

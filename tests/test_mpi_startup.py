@@ -33,7 +33,7 @@ def data_file(tmp_path: Path) -> Path:
 
 
 def start(n: int, args: list[str], env: dict[str, str]) -> subprocess.Popen:
-    cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "pserver.cli", *args]
+    cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "pserver.job.cli", *args]
     path = os.pathsep.join(p for p in (str(FAULTS), os.environ.get("PYTHONPATH", "")) if p)
     return subprocess.Popen(
         cmd,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pserver.stats.reader import load_dump
+from pserver.dump.reader import load_dump
 from tests.mpirun import QUICKSTART, ROOT, mpiexec
 
 TIMEOUT = 180.0
@@ -66,7 +66,7 @@ class Job:
     """An mpiexec job whose output lines are read as they come (a hard deadline on all)."""
 
     def __init__(self, n: int, args: list[str]) -> None:
-        cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "pserver.cli", *args]
+        cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "pserver.job.cli", *args]
         self.proc = subprocess.Popen(
             cmd, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from mpirun import train
 
-from pserver.stats.reader import load_dump
+from pserver.dump.reader import load_dump
 
 pytestmark = pytest.mark.mpi
 

@@ -10,7 +10,7 @@ import pytest
 
 from learners.data import load_dataset
 from learners.serial import train_serial
-from pserver.config import load_config
+from pserver.plan.config import load_config
 from tests.mpirun import QUICKSTART, final_weights, run_job, train
 
 pytestmark = pytest.mark.mpi

@@ -1,8 +1,8 @@
-"""The MPICH segment names of a SLURM job step, and their exact removal (pserver.mpich_shm)."""
+"""The MPICH segment names of a SLURM job step, and their exact removal (pserver.job.mpich_shm)."""
 
 from __future__ import annotations
 
-from pserver.mpich_shm import fnv1a, remove_stale, segment_names
+from pserver.job.mpich_shm import fnv1a, remove_stale, segment_names
 
 
 def test_names_follow_mpich_fnv1a_of_job_dot_step():

@@ -7,9 +7,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from pserver.config import OptimConfig
 from pserver.errors import ConfigError
-from pserver.optim import RULES, make_updater, scheduled_lr
+from pserver.optim.rules import RULES, make_updater, scheduled_lr
+from pserver.plan.config import OptimConfig
 
 DTYPES = [np.float32, np.float64]
 

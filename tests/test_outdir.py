@@ -7,7 +7,7 @@ import os
 import pytest
 
 from pserver.errors import ConfigError
-from pserver.outdir import check_out_dir
+from pserver.runtime.outdir import check_out_dir
 
 
 def refused(path, overwrite=False) -> str:

@@ -9,10 +9,18 @@ import random
 
 import pytest
 
-from pserver.config import load_config, pull_timestamp
 from pserver.errors import ConfigError
-from pserver.partial_pull import BLOCK, DROP, ITERATION, REFRESH, USE, PartialPull, PullRule
+from pserver.plan.config import load_config, pull_timestamp
 from pserver.protocols import Arrival
+from pserver.protocols.partial_pull import (
+    BLOCK,
+    DROP,
+    ITERATION,
+    REFRESH,
+    USE,
+    PartialPull,
+    PullRule,
+)
 from pserver.protocols.psp import PartialPush
 from pserver.protocols.rudra import Hardsync
 

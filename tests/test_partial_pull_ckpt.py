@@ -16,10 +16,8 @@ import heapq
 import numpy as np
 import pytest
 
-from pserver.checkpoint import CheckpointError, State
-from pserver.config import Config
-from pserver.partial_pull import ITERATION
-from pserver.partial_pull_ckpt import (
+from pserver.ckpt.files import CheckpointError, State
+from pserver.ckpt.records.partial_pull import (
     check_learner,
     keeps_copies,
     learner_state,
@@ -27,9 +25,11 @@ from pserver.partial_pull_ckpt import (
     restore_rounds,
     rounds_state,
 )
+from pserver.ckpt.resume import unsupported
+from pserver.plan.config import Config
 from pserver.protocols import Arrival
+from pserver.protocols.partial_pull import ITERATION
 from pserver.protocols.rudra import Hardsync
-from pserver.resume import unsupported
 from tests.test_partial_pull import Sim
 
 

@@ -1,4 +1,5 @@
-"""The overlapped learner's pipeline in a checkpoint, in one process (pserver.pipeline_ckpt):
+"""The overlapped learner's pipeline in a checkpoint, in one process
+(pserver.ckpt.records.pipeline):
 which pushes the shards dropped at their stop, the round trip through a State, the checks."""
 
 from __future__ import annotations
@@ -9,9 +10,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pserver.checkpoint import CheckpointError, State
-from pserver.inflight import InflightWindow
-from pserver.pipeline_ckpt import check_pipeline, dropped_pushes, pipeline_state, restore_pipeline
+from pserver.ckpt.files import CheckpointError, State
+from pserver.ckpt.records.pipeline import (
+    check_pipeline,
+    dropped_pushes,
+    pipeline_state,
+    restore_pipeline,
+)
+from pserver.protocols.inflight import InflightWindow
 
 N = 6
 

@@ -9,8 +9,8 @@ from mpirun import ROOT
 
 from learners.factory import build_model
 from learners.mlp import Softmax
-from pserver.config import load_config
 from pserver.errors import ConfigError
+from pserver.plan.config import load_config
 
 SOFTMAX = f"{ROOT / 'examples' / 'numpy_softmax.py'}:NumpySoftmax"
 

@@ -1,4 +1,4 @@
-"""PP-ASGD's arithmetic (pserver/prediction.py) and its place in the shard block, one process:
+"""PP-ASGD's arithmetic (pserver/optim/prediction.py) and its place in the shard block, one process:
 f_S by hand for S = 0, 1, 3, the S estimate from scripted arrivals, the error probe, and the
 refusals of the config."""
 
@@ -9,11 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from pserver.config import OptimConfig, load_config
-from pserver.epochs import EpochCounter
 from pserver.errors import ConfigError
-from pserver.optim import Updater
-from pserver.prediction import (
+from pserver.optim.prediction import (
     ErrorProbe,
     Predictor,
     StalenessMean,
@@ -23,8 +20,11 @@ from pserver.prediction import (
     prediction_error,
     velocity_coefficient,
 )
+from pserver.optim.rules import Updater
+from pserver.plan.config import OptimConfig, load_config
+from pserver.protocols.epochs import EpochCounter
 from pserver.protocols.rudra import Softsync
-from pserver.shard_block import ShardBlock
+from pserver.protocols.shard_block import ShardBlock
 
 W = np.array([1.0, 2.0])
 V = np.array([4.0, -2.0])  # a velocity; lr 0.25 makes M = -lr·v = [-1, 0.5] (momentum)

@@ -1,5 +1,7 @@
-"""PP-ASGD's predictor in a shard block's checkpoint, in one process (``pserver.prediction_ckpt``
-through ``pserver.shard_ckpt``): saved mid-run with a probe in flight and restored into a fresh
+"""PP-ASGD's predictor in a shard block's checkpoint, in one process
+(``pserver.ckpt.records.prediction``
+through ``pserver.ckpt.records.shard``): saved mid-run with a probe in flight and restored into a
+fresh
 block, the next updates serve, probe and log exactly as the block that never stopped."""
 
 from __future__ import annotations
@@ -7,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pserver.checkpoint import CheckpointError, State, read_state, write_state
-from pserver.config import Config
-from pserver.prediction_ckpt import check_predictor, probe_arrays
-from pserver.shard_block import ShardBlock
-from pserver.shard_ckpt import block_state, expected_arrays, restore_block
-from pserver.topology import Block
+from pserver.ckpt.files import CheckpointError, State, read_state, write_state
+from pserver.ckpt.records.prediction import check_predictor, probe_arrays
+from pserver.ckpt.records.shard import block_state, expected_arrays, restore_block
+from pserver.plan.config import Config
+from pserver.plan.topology import Block
+from pserver.protocols.shard_block import ShardBlock
 
 SIZE = 10
 

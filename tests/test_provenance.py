@@ -1,10 +1,10 @@
-"""Provenance (pserver.provenance): roles, hosts, node-local ranks and tree parents."""
+"""Provenance (pserver.runtime.provenance): roles, hosts, node-local ranks and tree parents."""
 
 from __future__ import annotations
 
-from pserver.config import load_config
-from pserver.provenance import git_commit, host_lines, mpi_library, rank_table, restarts
-from pserver.topology import make_layout
+from pserver.plan.config import load_config
+from pserver.plan.topology import make_layout
+from pserver.runtime.provenance import git_commit, host_lines, mpi_library, rank_table, restarts
 
 
 def test_rank_table_names_every_ranks_role_host_local_rank_and_parent():

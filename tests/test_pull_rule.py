@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from pserver.comm.wire import Reply
 from pserver.protocols.pull import pull_answer
-from pserver.wire import Reply
 
 
 def answer(**kw):

@@ -15,9 +15,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import reproduce_ppasgd as rp  # noqa: E402
 
-from pserver.config import load_config  # noqa: E402
-from pserver.prediction import horizon_sum  # noqa: E402
-from pserver.stats.reader import Dump  # noqa: E402
+from pserver.dump.reader import Dump  # noqa: E402
+from pserver.optim.prediction import horizon_sum  # noqa: E402
+from pserver.plan.config import load_config  # noqa: E402
 
 
 @pytest.mark.parametrize("kind", rp.KINDS)

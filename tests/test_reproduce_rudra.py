@@ -10,7 +10,7 @@ from argparse import Namespace
 import pytest
 from mpirun import ROOT
 
-from pserver import launch
+from pserver.job import launch
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import reproduce_rudra as rr  # noqa: E402

@@ -9,12 +9,12 @@ import h5py
 import numpy as np
 import pytest
 
-from pserver.config import Config, load_config
-from pserver.resume import unsupported
-from pserver.shard_block import ShardBlock
-from pserver.shard_ckpt import block_state, expected_arrays, restore_block
-from pserver.signals import SIGNALS, StopRequest
-from pserver.stats.writer import StatsWriter
+from pserver.ckpt.records.shard import block_state, expected_arrays, restore_block
+from pserver.ckpt.resume import unsupported
+from pserver.dump.writer import StatsWriter
+from pserver.plan.config import Config, load_config
+from pserver.protocols.shard_block import ShardBlock
+from pserver.runtime.signals import SIGNALS, StopRequest
 
 
 def test_the_first_signal_sets_the_flag_and_the_second_takes_the_default_action():
@@ -101,7 +101,7 @@ def test_every_strategy_and_layout_is_checkpointable():
 
 
 def test_the_shm_transport_is_checkpointed():
-    """Refused until the window's state was argued and tested (pserver/roles/shm_ckpt.py,
+    """Refused until the window's state was argued and tested (pserver/ckpt/drivers/shm.py,
     tests/test_mpi_ckpt_shm.py); this case was ("comm.transport", "shm") of the list above."""
     for name in ("hardsync", "async", "bmuf", "ma"):
         cfg = load_config(None, ["comm.transport=shm", f"protocol.name={name}"])
@@ -112,9 +112,9 @@ def test_the_shm_transport_is_checkpointed():
                                            ("bcast_fanout", "learner broadcast tree")])
 def test_trees_are_checkpointed_and_a_changed_fanout_is_refused_by_name(key, tree):
     """Both trees were refused (``unsupported`` named them) before their cut was drained
-    (pserver.roles.aggregator_ckpt, pserver.roles.bcast); a resume must keep the fan-out."""
-    from pserver.checkpoint import CheckpointError
-    from pserver.resume import check_trees
+    (pserver.ckpt.drivers.aggregator, pserver.roles.bcast); a resume must keep the fan-out."""
+    from pserver.ckpt.files import CheckpointError
+    from pserver.ckpt.resume import check_trees
 
     cfg = Config()
     cfg.comm.mode = "thread"
@@ -130,8 +130,8 @@ def test_trees_are_checkpointed_and_a_changed_fanout_is_refused_by_name(key, tre
 
 
 def test_the_learners_below_an_aggregator_are_its_subtrees():
-    from pserver.roles.aggregator_ckpt import departed_learners, subtree_learners
-    from pserver.topology import make_layout
+    from pserver.ckpt.drivers.aggregator import departed_learners, subtree_learners
+    from pserver.plan.topology import make_layout
 
     cfg = Config()
     cfg.cluster.tree_fanout, cfg.cluster.servers = 2, 1

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from pserver.clocks import mean_staleness, staleness
-from pserver.config import load_config
 from pserver.errors import ConfigError
+from pserver.plan.config import load_config
 from pserver.protocols import Arrival, make_protocol
+from pserver.protocols.clocks import mean_staleness, staleness
 from pserver.protocols.rudra import Hardsync, Softsync
 
 

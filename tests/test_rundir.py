@@ -1,4 +1,5 @@
-"""Run directories (pserver.rundir): a new run never replaces an old one; every rank agrees."""
+"""Run directories (pserver.runtime.rundir): a new run never replaces an old one; every rank
+agrees."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 import pytest
 
 from pserver.errors import ConfigError
-from pserver.rundir import expand, point_latest, run_id
+from pserver.runtime.rundir import expand, point_latest, run_id
 from pserver.stats.runs import resolve_dump as find_dump
 
 

@@ -12,9 +12,9 @@ from mpirun import ROOT, train
 
 from learners.data import _digits_csv, load_dataset, write_hdf5_dataset
 from learners.scaling import LARGE, choose
-from pserver.config import load_config
+from pserver.dump.schema import DATA_SCALING, ROOT_ATTRS
 from pserver.errors import ConfigError
-from pserver.stats.schema import DATA_SCALING, ROOT_ATTRS
+from pserver.plan.config import load_config
 
 
 def rows(*values):

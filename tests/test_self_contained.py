@@ -2,8 +2,8 @@
 keeps a measurement log (figures live in docs/ with the command that measures them again).
 
 Fails on the main of issue 10: ``pserver/comm/shm.py`` and ``pserver/comm/waiting.py`` cite
-FACTS.md, a file of the machine the project was developed on, and ``pserver/blas.py``,
-``pserver/optim.py`` and ``pserver/cli.py`` carry measured timings and percentages.
+FACTS.md, a file of the machine the project was developed on, and ``pserver/optim/blas.py``,
+``pserver/optim/rules.py`` and ``pserver/job/cli.py`` carry measured timings and percentages.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ FIGURE = re.compile(r"\d(?:[.,]\d+)?\s?(?:ms|µs|us|GB/s|GiB/s|MB/s|MiB/s|%)(?![
 THIS = Path(__file__).relative_to(ROOT).as_posix()
 # figures that are rules, defaults or a paper's, not measurements: (file, text) -> why
 NOT_MEASURED = {
-    ("pserver/cli.py", "Python's default 5 ms"): "Python's documented default",
+    ("pserver/job/cli.py", "Python's default 5 ms"): "Python's documented default",
     ("pserver/comm/waiting.py", "default 50 µs"): "the kernel's documented default",
-    ("pserver/inject.py", "delays 0.16 % of the pull"): "the PSP paper's setting",
-    ("pserver/stats/reader.py", "99 % of the gradients"): "the definition of a percentile",
-    ("pserver/stats/writer.py", "at most ~10 %"): "the bound COPY_SHARE sets",
+    ("pserver/plan/inject.py", "delays 0.16 % of the pull"): "the PSP paper's setting",
+    ("pserver/dump/reader.py", "99 % of the gradients"): "the definition of a percentile",
+    ("pserver/dump/writer.py", "at most ~10 %"): "the bound COPY_SHARE sets",
 }
 
 

@@ -1,4 +1,5 @@
-"""The shard block's arithmetic (pserver/shard_block.py) in one process: every update rule, the
+"""The shard block's arithmetic (pserver/protocols/shard_block.py) in one process: every update
+rule, the
 per-gradient rates, drops and rounds of every protocol, the zero-copy hold, versions, serve."""
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ import sys
 import numpy as np
 import pytest
 
-from pserver.config import OptimConfig
-from pserver.epochs import EpochCounter
-from pserver.optim import RULES, Updater
+from pserver.optim.rules import RULES, Updater
+from pserver.plan.config import OptimConfig
+from pserver.protocols.epochs import EpochCounter
 from pserver.protocols.psp import PartialPush
 from pserver.protocols.rudra import Hardsync, Softsync
+from pserver.protocols.shard_block import ShardBlock
 from pserver.protocols.ssp import StaleSynchronous
-from pserver.shard_block import ShardBlock
 
 N = 16
 RNG = np.random.default_rng(7)
@@ -226,7 +227,8 @@ def test_serve_gives_w_or_a_copy():
 def test_the_shard_arithmetic_is_pure():
     """The block, the epoch counter and the pull rule load neither MPI nor a role or comm module."""
     code = (
-        "import sys, pserver.shard_block, pserver.epochs, pserver.protocols.pull\n"
+        "import sys, pserver.protocols.shard_block, pserver.protocols.epochs, "
+        "pserver.protocols.pull\n"
         "bad = [m for m in sys.modules if m == 'mpi4py' or m.startswith(('pserver.roles', "
         "'pserver.comm'))]\n"
         "assert not bad, bad\n"

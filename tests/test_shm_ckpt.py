@@ -1,15 +1,15 @@
-"""The shm transport's checkpoint, in one process (pserver/roles/shm_ckpt.py; the mpiexec
+"""The shm transport's checkpoint, in one process (pserver/ckpt/drivers/shm.py; the mpiexec
 tests are tests/test_mpi_ckpt_shm.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from pserver.config import Config
-from pserver.roles.shm_ckpt import host_copy
-from pserver.shard_block import ShardBlock
-from pserver.shard_ckpt import block_state
-from pserver.versions import VersionPool
+from pserver.ckpt.drivers.shm import host_copy
+from pserver.ckpt.records.shard import block_state
+from pserver.plan.config import Config
+from pserver.protocols.shard_block import ShardBlock
+from pserver.protocols.versions import VersionPool
 
 
 def test_a_shard_state_owns_its_weights_when_they_lie_in_the_window():

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from mpirun import ROOT
 
-from pserver import launch
-from pserver.checkpoint import latest
-from pserver.stats.reader import load_dump
+from pserver.ckpt.files import latest
+from pserver.dump.reader import load_dump
+from pserver.job import launch
 
 pytestmark = pytest.mark.slurm
 
@@ -254,7 +254,7 @@ def test_time_limit_checkpoints_and_the_job_requeues_itself_to_finish(slurm, tmp
 def test_srun_without_mpi_plugin_says_so_once(slurm, tmp_path):
     res = sh(
         "srun", "--mpi=none", "-n", "4", "--chdir", str(ROOT), launch.pserver_cli()[0],
-        "-m", "pserver.cli", "examples/quickstart.toml", f"run.out_dir={tmp_path}",
+        "-m", "pserver.job.cli", "examples/quickstart.toml", f"run.out_dir={tmp_path}",
         timeout=JOB_TIMEOUT,
     )  # fmt: skip
     errors = [ln for ln in res.output.splitlines() if "pserver-run: error:" in ln]

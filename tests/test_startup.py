@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from pserver.errors import ConfigError
-from pserver.startup import BAD_INPUT, FAILED, OK, failure_message, outcome, status_of
+from pserver.runtime.startup import BAD_INPUT, FAILED, OK, failure_message, outcome, status_of
 
 
 def test_status_tells_bad_input_from_any_other_failure():

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from mpirun import train
 
+from pserver.dump.reader import DumpError, load_dump
+from pserver.dump.writer import StatsWriter
 from pserver.stats import cli
 from pserver.stats.compare_plots import compare_figure
 from pserver.stats.plots import staleness_figure
-from pserver.stats.reader import DumpError, load_dump
 from pserver.stats.runs import resolve_dump
 from pserver.stats.tables import differing_keys, flatten, labels, staleness_distribution
-from pserver.stats.writer import StatsWriter
 
 PER_SAMPLE = 0.002  # s of emulated compute per sample in the async run
 

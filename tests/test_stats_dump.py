@@ -9,10 +9,10 @@ import h5py
 import numpy as np
 import pytest
 
+from pserver.dump.reader import DumpError, load_dump, staleness_summary, summarize
+from pserver.dump.writer import StatsWriter
 from pserver.errors import PserverError
 from pserver.stats import cli
-from pserver.stats.reader import DumpError, load_dump, staleness_summary, summarize
-from pserver.stats.writer import StatsWriter
 
 CONFIG = {"protocol": {"name": "softsync", "n": 1}, "cluster": {"servers": 1}}
 ATTRS = {
@@ -163,7 +163,7 @@ def test_maybe_flush_waits_for_the_interval(tmp_path):
 CRASH_SCRIPT = """
 import os, sys
 import numpy as np
-from pserver.stats.writer import StatsWriter
+from pserver.dump.writer import StatsWriter
 w = StatsWriter(sys.argv[1], {"pserver_version": "0.1.0", "config": {"a": 1}})
 for i in range(20):
     w.append("gradients", learner=np.full(50, i % 4, np.int32), staleness=np.arange(50) % 7)

@@ -1,4 +1,4 @@
-"""The dump schema (:mod:`pserver.stats.schema`) against docs/stats.md, the writer and a dump."""
+"""The dump schema (:mod:`pserver.dump.schema`) against docs/stats.md, the writer and a dump."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from mpirun import ROOT, train
 
-from pserver.stats.schema import GROUPS, ROOT_ATTRS, VECTOR_CLOCK, as_columns
-from pserver.stats.writer import StatsWriter
+from pserver.dump.schema import GROUPS, ROOT_ATTRS, VECTOR_CLOCK, as_columns
+from pserver.dump.writer import StatsWriter
 
 DOC = ROOT / "docs" / "stats.md"
 
@@ -89,7 +89,7 @@ def test_writer_types_schema_columns_and_refuses_unknown_ones(tmp_path):
 
 
 def test_records_become_columns():
-    from pserver.stats.schema import Delay
+    from pserver.dump.schema import Delay
 
     rows = [Delay(0, 1, 2, 3, 0.5, 0.1), Delay(1, 2, 0, 4, 0.6, 0.2)]
     assert as_columns(rows) == {

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from pserver import strategies
-from pserver.config import CHOICES, ProtocolConfig, check_ranks, load_config, pull_timestamp
 from pserver.errors import ConfigError
+from pserver.plan.config import CHOICES, ProtocolConfig, check_ranks, load_config, pull_timestamp
 from pserver.protocols.psp import PartialPush
 from pserver.protocols.rudra import Hardsync, Softsync
 from pserver.protocols.ssp import StaleSynchronous
@@ -168,7 +168,7 @@ def test_docs_list_every_strategy_and_key():
 
 
 def test_layout_without_servers_for_a_learners_only_strategy():
-    from pserver.topology import Role, make_layout
+    from pserver.plan.topology import Role, make_layout
 
     cfg = load_config(None)
     layout = make_layout(4, replace(cfg, cluster=replace(cfg.cluster, servers=0)))
@@ -196,7 +196,7 @@ def test_adpsgd_is_learners_only_and_needs_two_learners():
 def test_adpsgd_in_every_mode_needs_thread_multiple():
     from mpi4py import MPI
 
-    from pserver.context import THREAD_LEVELS, check_exchange_thread
+    from pserver.runtime.context import THREAD_LEVELS, check_exchange_thread
 
     levels = {name: getattr(MPI, name) for name in THREAD_LEVELS}
     for mode in ("blocking", "nonblocking", "thread"):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pserver.config import load_config
+from pserver.comm.wire import Header, Tag, WireError, header_buffer
 from pserver.errors import ConfigError, TopologyError
-from pserver.topology import Role, make_layout, split_blocks, tree_size
-from pserver.wire import Header, Tag, WireError, header_buffer
+from pserver.plan.config import load_config
+from pserver.plan.topology import Role, make_layout, split_blocks, tree_size
 
 
 def test_flat_layout_servers_first():
@@ -106,7 +106,7 @@ def test_header_round_trip_and_unknown_kind():
 
 
 def test_reply_aux_carries_kind_and_window_version():
-    from pserver.wire import Reply, reply_aux, split_reply
+    from pserver.comm.wire import Reply, reply_aux, split_reply
 
     assert split_reply(reply_aux(Reply.WEIGHTS, 5)) == (Reply.WEIGHTS, 5)
     assert split_reply(int(Reply.STOP)) == (Reply.STOP, 0)

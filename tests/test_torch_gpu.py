@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from mpirun import ROOT, train
 
-from pserver.config import load_config
+from pserver.plan.config import load_config
 
 pytestmark = pytest.mark.gpu
 

@@ -12,8 +12,8 @@ from mpirun import ROOT
 from learners.data import BatchSampler, load_dataset
 from learners.factory import build_model
 from learners.serial import serial_steps, train_serial
-from pserver.config import load_config
 from pserver.errors import ConfigError
+from pserver.plan.config import load_config
 
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)  # as a rank does (run.blas_threads): the machine runs other tests too
@@ -216,7 +216,7 @@ def test_a_dotted_module_path_loads_too(monkeypatch, tmp_path):
 
 
 def test_the_blas_thread_limit_reaches_torch(monkeypatch):
-    import pserver.blas as blas
+    import pserver.optim.blas as blas
 
     before = torch.get_num_threads()
     monkeypatch.setattr(blas, "_chosen", 1)
@@ -228,7 +228,7 @@ def test_the_blas_thread_limit_reaches_torch(monkeypatch):
 
 
 def test_layer_blocks_follow_the_parameters():
-    from pserver.topology import split_blocks
+    from pserver.plan.topology import split_blocks
 
     m = model()
     blocks = split_blocks(m.n_params, m.layer_sizes, "layer", 1, 2)

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from pserver.comm.waiting import PeerLog, Waiter
-from pserver.config import load_config
+from pserver.comm.wire import Header, Tag
 from pserver.errors import Diverged
+from pserver.plan.config import load_config
 from pserver.roles.trainer import Trainer
-from pserver.wire import Header, Tag
 
 
 class ScriptedExchange:

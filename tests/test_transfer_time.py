@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from pserver.comm import waiting
+from pserver.comm.transfer_time import INITIAL_BYTES_PER_S, TransferClock
 from pserver.comm.waiting import Backoff
-from pserver.transfer_time import INITIAL_BYTES_PER_S, TransferClock
 
 MIB = 2**20
 

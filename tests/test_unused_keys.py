@@ -1,6 +1,6 @@
 """A key the chosen strategy, data source or model kind does not use: refused with one line
 naming what it belongs to, or, for the keys existing configs set generically, warned about
-(pserver/unused.py). Before the registry every one of these was accepted in silence."""
+(pserver/plan/unused.py). Before the registry every one of these was accepted in silence."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from pserver import strategies
-from pserver.config import load_config, warnings
 from pserver.errors import ConfigError
-from pserver.unused import WARNED, rules
+from pserver.plan.config import load_config, warnings
+from pserver.plan.unused import WARNED, rules
 
 ROOT = Path(__file__).resolve().parents[1]
 

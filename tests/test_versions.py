@@ -1,4 +1,5 @@
-"""The version pool (pserver/versions.py): which buffer a write may go to, who reads which."""
+"""The version pool (pserver/protocols/versions.py): which buffer a write may go to, who reads
+which."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import random
 
 import pytest
 
-from pserver.versions import VersionPool, Write
+from pserver.protocols.versions import VersionPool, Write
 
 
 def test_unread_buffer_is_written_in_place():
@@ -107,7 +108,7 @@ def test_random_schedules_never_write_a_read_buffer(limit, receives):
 
 
 def test_release_completed_returns_only_the_versions_of_finished_sends():
-    from pserver.versions import VersionPool, release_completed
+    from pserver.protocols.versions import VersionPool, release_completed
 
     class Req:
         def __init__(self, done: bool) -> None:

@@ -7,7 +7,7 @@ import threading
 import time
 
 from pserver.comm.waiting import PeerLog, Waiter
-from pserver.wire import Header, Tag
+from pserver.comm.wire import Header, Tag
 
 
 def test_idle_wait_burns_little_cpu():
@@ -50,7 +50,7 @@ SENDS: list = []  # (request, buffer): a send to oneself completes only once it 
 
 
 def send_header(comm, header: Header, tag: int = 0) -> None:
-    from pserver.wire import header_buffer
+    from pserver.comm.wire import header_buffer
 
     buf = header.pack(header_buffer()[0])
     SENDS.append((comm.Isend(buf, 0, tag), buf))

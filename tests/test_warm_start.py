@@ -1,4 +1,4 @@
-"""model.init_from (pserver.warm_start) in one process: the checks on a hand-made dump."""
+"""model.init_from (pserver.ckpt.warm_start) in one process: the checks on a hand-made dump."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import h5py
 import numpy as np
 import pytest
 
-from pserver.config import Config
+from pserver.ckpt.warm_start import architecture_mismatch, dump_path, load_initial_weights
 from pserver.errors import ConfigError
-from pserver.warm_start import architecture_mismatch, dump_path, load_initial_weights
+from pserver.plan.config import Config
 
 MODEL = {"kind": "mlp", "hidden": [64], "dtype": "float32", "size_mib": 1.0,
          "channels": [32, 64], "module": "", "init_from": ""}  # fmt: skip

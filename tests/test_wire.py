@@ -4,7 +4,7 @@
 learner's iteration tag or an aggregator's count of summed gradients; REPLY: the kind and a
 window version; MODEL: the epoch). A raw ``h.aux == Reply.STOP`` silently breaks when the word
 gains a field (a reply with a window version is not ``== Reply.STOP``), so the code base is read
-with ``ast``: outside ``pserver/wire.py`` the attribute ``.aux`` is only handed whole to one of
+with ``ast``: outside ``pserver/comm/wire.py`` the attribute ``.aux`` is only handed whole to one of
 the decoders, and a header is only built with an encoder's word.
 
 Fails on the main of issue 10: aggregator.py and overlap.py compare ``h.aux`` with ``Reply``.
@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pserver import wire
-from pserver.wire import (
+from pserver.comm import wire
+from pserver.comm.wire import (
     Header,
     Reply,
     Tag,
@@ -41,7 +41,7 @@ from pserver.wire import (
 
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("pserver", "learners", "scripts")
-WIRE = ROOT / "pserver" / "wire.py"
+WIRE = ROOT / "pserver" / "comm" / "wire.py"
 ENCODERS = {"pull_aux", "push_aux", "sum_aux", "reply_aux", "model_aux", "bye_aux",
             "retire_aux"}
 DECODERS = {"pull_oldest", "push_iteration", "push_summed", "split_reply", "reply_kind",

@@ -3,7 +3,7 @@
 The learners-only strategies (SYNC and HYBRID allreduce gradients or weights, ADPSGD averages
 with a ring neighbour) run these on the **learners' communicator**, built once at start by
 :func:`learner_comm` (collective on every rank of the world, before validation, as the node
-split of :func:`pserver.context.local_rank` is); it never includes the servers, the data and
+split of :func:`pserver.runtime.context.local_rank` is); it never includes the servers, the data and
 statistics ranks or the aggregators, so a collective of the learners cannot wait on them.
 
 Every call is non-blocking and returns a handle: ``start(...) -> handle``, then
@@ -12,7 +12,8 @@ Every call is non-blocking and returns a handle: ``start(...) -> handle``, then
 MPICH and would take a core from the learners that share a node while one of them is late.
 MPICH progresses a non-blocking collective only inside MPI calls, so the waiting rank's tests
 are what moves it on. A wait therefore polls at its shortest sleep (``poll_min``) for as long as
-the operation is expected to take (:class:`pserver.transfer_time.TransferClock`: twice its bytes
+the operation is expected to take (:class:`pserver.comm.transfer_time.TransferClock`: twice its
+bytes
 over the best bandwidth of the last operations), then backs off as every wait does, to at most
 ``poll_max`` between tests: peers on time find every step tested promptly, and a rank kept
 waiting by a late peer polls tightly only for that window, then sleeps.
@@ -21,7 +22,7 @@ waiting by a late peer polls tightly only for that window, then sleeps.
 ``Iallreduce(IN_PLACE)``; up to ``in_flight`` buckets are posted at once and the next one is
 posted as the oldest completes (every rank posts them in the same order, as MPI requires of
 collectives). GPU arrays are staged through the backend's pinned host buffers
-(:class:`pserver.backend.StagingBuffers`, one per bucket, allocated once) unless MPI is
+(:class:`pserver.comm.backend.StagingBuffers`, one per bucket, allocated once) unless MPI is
 CUDA-aware (:func:`pserver.comm.payload.staged`).
 """
 
@@ -35,10 +36,10 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from pserver.backend import Backend, StagingBuffers
+from pserver.comm.backend import Backend, StagingBuffers
 from pserver.comm.payload import staged
+from pserver.comm.transfer_time import TIGHT_FACTOR, TransferClock
 from pserver.comm.waiting import Waiter
-from pserver.transfer_time import TIGHT_FACTOR, TransferClock
 
 DEFAULT_BUCKET_MIB = 16.0  # docs/architecture.md, "Collectives among the learners"
 DEFAULT_IN_FLIGHT = 4
@@ -49,7 +50,7 @@ def learner_comm(world: MPI.Comm, learners: Sequence[int]) -> MPI.Comm | None:
 
     Collective over ``world``: every rank must call it once, with the same ``learners``, before
     anything that may fail on one rank (a rank that is not a learner passes ``MPI.UNDEFINED`` as
-    its colour). Called in :func:`pserver.cli.main` right after the node split.
+    its colour). Called in :func:`pserver.job.cli.main` right after the node split.
     """
     rank = world.Get_rank()
     member = rank in learners

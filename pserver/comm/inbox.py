@@ -14,7 +14,7 @@ from collections.abc import Callable
 from mpi4py import MPI
 
 from pserver.comm.waiting import PeerLog, Waiter
-from pserver.wire import Header, header_buffer
+from pserver.comm.wire import Header, header_buffer
 
 
 class Inbox:

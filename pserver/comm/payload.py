@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pserver.backend import Backend, StagingBuffers
-from pserver.topology import Block
+from pserver.comm.backend import Backend, StagingBuffers
+from pserver.plan.topology import Block
 
 
 def staged(backend: Backend, staging: str) -> bool:
@@ -41,7 +41,8 @@ class Payloads:
         """Like :meth:`outgoing`, staged into the block's host buffer number ``version``.
 
         Sends of one version may still read its buffer while the next one is staged
-        (``pserver.versions``): each version has its own host buffer, allocated on first use.
+        (``pserver.protocols.versions``): each version has its own host buffer, allocated on first
+        use.
         """
         if self.outbox is None:
             return self.outgoing(block, array)

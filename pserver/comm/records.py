@@ -32,7 +32,7 @@ from typing import Any
 from mpi4py import MPI
 
 from pserver.comm.waiting import Waiter
-from pserver.wire import Tag
+from pserver.comm.wire import Tag
 
 MAX_SENDS = 4  # batches in flight per rank; more are held as rows (and counted in max_rows)
 DEFAULT_MAX_ROWS = 50_000  # ~10 values a row, ~32 B a value in lists: ~16 MB held at most

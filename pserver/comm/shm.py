@@ -9,7 +9,8 @@ over the ranks of its node, its weights and one gradient slot per learner of tha
 * a pull answered with weights is a header naming a version of the weights (the shard keeps
   ``comm.versions`` of them here, by default 1 + learners of its node); the learner copies that
   version of the block out of the window and acknowledges with an empty message on the ``ack``
-  communicator. Until then the version is pinned, as by an ``Isend`` (``pserver.versions``):
+  communicator. Until then the version is pinned, as by an ``Isend``
+  (``pserver.protocols.versions``):
   the shard's next update goes to another version, so a stopped learner stops nobody;
 * with one shard holding the model in one block, not even that copy is made: the learner
   computes on the version the reply names, in place, until its next push. The shard updates the
@@ -34,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from pserver.topology import Block, Layout
+from pserver.plan.topology import Block, Layout
 
 
 def plan(
@@ -46,7 +47,7 @@ def plan(
     ``versions`` (``comm.versions``) versions of its weights, by default one more than its
     local learners: each learner reads at most one version at a time (a copy it has not
     acknowledged, or the version it computes on), so a free version always exists for an update
-    (``pserver.versions``) and no update waits for a learner of the node.
+    (``pserver.protocols.versions``) and no update waits for a learner of the node.
     """
     local = {
         s: [lr for lr in layout.learners if node_of[lr] == node]

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from mpi4py import MPI
 
 from pserver.comm.liveness import Roster
+from pserver.comm.wire import Header
 from pserver.errors import PeerLost
-from pserver.wire import Header
 
 SPIN_TESTS = 64  # tests before the first sleep: a reply already on its way costs no sleep
 BACKOFF = 0.125  # each sleep is this share of the time waited so far (within poll_min..poll_max)

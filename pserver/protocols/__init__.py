@@ -14,7 +14,7 @@ __all__ = ["Arrival", "GradientDecision", "Protocol", "UpdateDecision", "make_pr
 
 
 def make_protocol(cfg: Any, n_learners: int) -> Protocol:
-    """The protocol object for one block of ``cfg`` (a ``pserver.config.Config``) with λ
+    """The protocol object for one block of ``cfg`` (a ``pserver.plan.config.Config``) with λ
     learners: the factory of the strategy ``protocol.name`` names in the registry."""
     from pserver.strategies import make_protocol as from_registry  # it imports this package
 

@@ -4,7 +4,7 @@ Hardsync's round (:class:`pserver.protocols.rudra.Hardsync`, the block rule of
 :mod:`pserver.protocols.rounds`): a delta is accepted iff it was computed from the block's
 current global model (σ = 0, at most one per learner), the round closes once all λ are in, and
 the update averages them (divisor λ: G(t), eq. 2). The learning rate is not scaled: the block
-learning rate ζ is the master's (:mod:`pserver.block_momentum`).
+learning rate ζ is the master's (:mod:`pserver.optim.block_momentum`).
 """
 
 from __future__ import annotations

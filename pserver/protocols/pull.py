@@ -18,9 +18,20 @@ Pure: no MPI, no arrays.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 
-from pserver.wire import Reply
+
+@enum.unique
+class Reply(enum.IntEnum):
+    """A pull's answer (sent in a REPLY header's aux word, ``pserver.comm.wire.reply_aux``)."""
+
+    WEIGHTS = 1  # newer weights follow as a payload
+    CURRENT = 2  # the learner's copy is current: no payload (Rudra's timestamp inquiry)
+    STOP = 3  # training is over for this block
+    # a relaying learner of the broadcast tree stopped at a cut (a signal, a periodic pause):
+    # no newer weights will come from it in this part (pserver.roles.bcast, *Checkpoints*)
+    LEFT = 4
 
 
 def pull_answer(

@@ -5,7 +5,7 @@ carries the timestamp ``have`` of the learner's copy of the block it was compute
 and the vector clocks, never estimated), and may carry the learner's **iteration tag** ``τ``:
 PSP-SGD Algorithm 1, worker line 17, "Push each block with timestamp ⟨g_i, t⟩", t being the
 worker's iteration rather than the block's own timestamp. Two rules decide what the round takes
-(``protocol.pull_timestamp``, resolved by :func:`pserver.config.pull_timestamp`):
+(``protocol.pull_timestamp``, resolved by :func:`pserver.plan.config.pull_timestamp`):
 
 * **block** (Rudra; no tag): a push answers round ``have``. It is accepted iff ``have == r``
   (σ = 0), at most one per learner, and "every learner has responded" means every learner's
@@ -18,13 +18,13 @@ worker's iteration rather than the block's own timestamp. Two rules decide what 
   largest tag the block has seen from ``k``, whether the push was accepted or not. A learner
   at iteration ``W`` asks every block for weights ``>= W`` (worker lines 10-13) and, after its
   partial pull, tags its push ``τ = max(W, min over its live blocks of have)``; its next
-  iteration is ``W' = τ + 1`` (:class:`pserver.partial_pull.PullRule`).
+  iteration is ``W' = τ + 1`` (:class:`pserver.protocols.partial_pull.PullRule`).
 
 Under the block rule with partial pulling (b < 1), a gradient computed from a kept, older copy
 of block ``j`` carries that copy's timestamp, is dropped as ``t' < t`` and never counts as the
 learner's response, so block ``j`` waits for the learner while the learner waits for
 ⌈b·blocks⌉ fresh blocks that wait for the others: a cycle (issue 10, item 1). That combination
-is refused before training (``pserver.config.validate``). With b = 1 the two rules accept the
+is refused before training (``pserver.plan.config.validate``). With b = 1 the two rules accept the
 same gradients and close the same rounds.
 
 Liveness of the iteration rule (any c, τ1, b, τ2, any finite reply delays)
@@ -77,8 +77,8 @@ block starved for ever either.
 
 from __future__ import annotations
 
-from pserver.clocks import staleness
 from pserver.protocols.base import Arrival, GradientDecision, Pending
+from pserver.protocols.clocks import staleness
 
 SECOND = "second gradient in one round"
 
@@ -124,7 +124,7 @@ class Rounds:
 
     def retire(self, learner: int) -> None:
         """``learner`` computes no more: a round no longer waits for its gradient (a learner
-        stopped by a signal while the others finish their step, ``pserver.signals``)."""
+        stopped by a signal while the others finish their step, ``pserver.runtime.signals``)."""
         self.retired.add(learner)
 
     def closed(self, server_ts: int) -> None:

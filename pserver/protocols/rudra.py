@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from pserver.clocks import mean_staleness, staleness
 from pserver.protocols.base import Arrival, GradientDecision, Protocol, UpdateDecision
+from pserver.protocols.clocks import mean_staleness, staleness
 from pserver.protocols.rounds import Rounds
 
 

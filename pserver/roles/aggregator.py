@@ -6,7 +6,8 @@ Downwards, it keeps a long poll open at its parent for each block, caches the ne
 (one timestamp everywhere in the tree) and answers its children's pulls from that cache, so the
 root sends each new model once per child rather than once per learner.
 
-Children are served from versions (``pserver.versions``): a send to a child pins the version it
+Children are served from versions (``pserver.protocols.versions``): a send to a child pins the
+version it
 reads, the parent's next weights land in a buffer no send reads, and a child that does not call
 into MPI (slow, stopped) keeps only its own version: the aggregator never waits for it.
 """
@@ -19,15 +20,11 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from pserver.checkpoint import State
+from pserver.ckpt.drivers import aggregator as cut
+from pserver.ckpt.files import State
 from pserver.comm.inbox import Inbox
 from pserver.comm.payload import Payloads
-from pserver.context import Context
-from pserver.protocols.pull import pull_answer
-from pserver.roles import aggregator_ckpt as cut
-from pserver.topology import Block
-from pserver.versions import VersionPool, release_completed
-from pserver.wire import (
+from pserver.comm.wire import (
     Header,
     Reply,
     Tag,
@@ -41,6 +38,10 @@ from pserver.wire import (
     reply_tag,
     sum_aux,
 )
+from pserver.plan.topology import Block
+from pserver.protocols.pull import pull_answer
+from pserver.protocols.versions import VersionPool, release_completed
+from pserver.runtime.context import Context
 
 
 @dataclass
@@ -95,7 +96,7 @@ class Aggregator:
         self.bytes_in = self.bytes_out = 0
         self.handlers = {Tag.PUSH: self.on_push, Tag.PULL: self.on_pull, Tag.BYE: self.on_bye,
                          Tag.RETIRE: lambda h: cut.on_retire(self, h)}
-        if ctx.resume is not None:  # checkpoints: pserver.roles.aggregator_ckpt
+        if ctx.resume is not None:  # checkpoints: pserver.ckpt.drivers.aggregator
             cut.restore(self, ctx.resume.state)
 
     def make_relay(self, b: Block, parent: int, weights: Any) -> Relay:

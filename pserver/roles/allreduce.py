@@ -12,11 +12,12 @@ gradient is computed on the current model: σ = 0.
 
 Liveness: the allreduce of step k completes once every learner has started it. Every learner
 starts exactly one allreduce per step, with the same buckets, and takes the same number of
-steps S (``pserver.lockstep.RunPlan``: a function of the config and λ, not of arrival order),
+steps S (``pserver.protocols.lockstep.RunPlan``: a function of the config and λ, not of arrival
+order),
 and the data server serves each learner exactly S minibatches (``DataQuota``), so a learner
 reaching step k < S always gets its minibatch and starts allreduce k. The per-epoch drift
 check and the epoch ends fall on the same step index on every learner. A learner that fails
-aborts the job (``pserver.cli``): nobody waits for it forever. After the last step no learner
+aborts the job (``pserver.job.cli``): nobody waits for it forever. After the last step no learner
 expects anything of another (the goodbyes go to the data and statistics servers).
 """
 
@@ -25,12 +26,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pserver.checkpoint import State
+from pserver.ckpt.drivers.lockstep import model_state, restore_model
+from pserver.ckpt.files import State
 from pserver.comm.collectives import Allreducer
-from pserver.context import Context
-from pserver.roles.lockstep_ckpt import model_state, restore_model
 from pserver.roles.lockstep_model import LockstepModel
 from pserver.roles.stop_vote import stop_vote
+from pserver.runtime.context import Context
 
 
 def allreducer(ctx: Context, model: LockstepModel, weights: Any) -> Allreducer:
@@ -88,7 +89,8 @@ class SyncExchange:
     def finish(self) -> None:
         self.model.finish()
 
-    # -- checkpoints (pserver.roles.ckpt_end, pserver.roles.lockstep_ckpt) ----------------------
+    # -- checkpoints (pserver.ckpt.drivers.end, pserver.ckpt.drivers.lockstep)
+    # ----------------------
 
     def stop_agreed(self) -> bool:
         """At step boundary ``steps``: stop here (every learner the same step: the vote of

@@ -1,12 +1,13 @@
 """A learner's children in the broadcast tree (Rudra-adv*, ``cluster.bcast_fanout``).
 
 A learner with children answers their pulls from the model it computes with. Children are
-served from versions of the model (:mod:`pserver.versions`): a send pins the version it reads,
+served from versions of the model (:mod:`pserver.protocols.versions`): a send pins the version it
+reads,
 so installing a new model never waits for a slow or stopped child; a pull that finds no free
 version is held (only that pull waits) and served whenever a version is released. A pull for
 weights newer than ours waits until we install them; a stopped block answers STOP.
 
-Checkpoints (a signal, a periodic pause: ``pserver.roles.ckpt_end``). Gradients go from every
+Checkpoints (a signal, a periodic pause: ``pserver.ckpt.drivers.end``). Gradients go from every
 learner straight to its shard or aggregator, so a relaying learner holds no gradient at a cut:
 only its children's pulls. It stops at a step boundary with its pushes delivered and the answers
 to its last pulls collected but not installed; it computes, and so installs, nothing more. A
@@ -17,7 +18,8 @@ would hold is answered ``Reply.LEFT``; a pull our installed model answers is ser
 (a child behind us catches up to our model). A child takes LEFT as its own cut
 (``OverlapExchange.ended``): it computes nothing more, ends its part with its pushes delivered,
 answers its own children LEFT in turn and says goodbye. LEFT is not STOP: the child's pipeline
-records no push as dropped (``pserver.pipeline_ckpt``), so nothing is sent twice on resume; its
+records no push as dropped (``pserver.ckpt.records.pipeline``), so nothing is sent twice on resume;
+its
 unanswered block is asked again then, and we install our saved answer at our first minibatch
 and serve it. Async and n-softsync children ask for weights of any age, which we never hold:
 they stop at their own cut. Liveness: we wait for our last answers (rounds close once every
@@ -33,12 +35,7 @@ from __future__ import annotations
 from mpi4py import MPI
 
 from pserver.comm.payload import Payloads
-from pserver.context import Context
-from pserver.protocols.pull import pull_answer
-from pserver.roles.pslink import PSLink
-from pserver.topology import Block
-from pserver.versions import VersionPool, release_completed
-from pserver.wire import (
+from pserver.comm.wire import (
     Header,
     Reply,
     Tag,
@@ -48,6 +45,11 @@ from pserver.wire import (
     reply_aux,
     reply_tag,
 )
+from pserver.plan.topology import Block
+from pserver.protocols.pull import pull_answer
+from pserver.protocols.versions import VersionPool, release_completed
+from pserver.roles.pslink import PSLink
+from pserver.runtime.context import Context
 
 
 class Children:

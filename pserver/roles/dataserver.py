@@ -3,9 +3,11 @@
 A single ``BatchSampler`` serves every learner in request order, so with one learner the
 sequence of minibatches is exactly that of a serial run with the same seed.
 
-In the parameter-server families the shards decide when training is over (``pserver.epochs``)
+In the parameter-server families the shards decide when training is over
+(``pserver.protocols.epochs``)
 and every request is served. A learners-only run has no shard, so the data server, which
-counts every minibatch, decides (``pserver.lockstep.DataQuota``): a request past the quota is
+counts every minibatch, decides (``pserver.protocols.lockstep.DataQuota``): a request past the
+quota is
 answered with a stop, an empty minibatch (zero features, zero labels) on the same two tags, so
 the learner's receives match it as they match a minibatch. Lockstep strategies (SYNC, HYBRID)
 get ``S`` minibatches per learner, exactly the steps each takes (a learner that prefetched
@@ -20,14 +22,14 @@ from collections import deque
 
 import numpy as np
 
-from pserver.checkpoint import State
+from pserver.ckpt.files import State
+from pserver.ckpt.records.quota import quota_state, restore_quota
 from pserver.comm.inbox import Inbox
-from pserver.context import Context
-from pserver.epochs import EpochCounter
-from pserver.lockstep import FREE, LOCKSTEP, DataQuota, LockstepDraws, total_minibatches
-from pserver.quota_ckpt import quota_state, restore_quota
+from pserver.comm.wire import Tag, WireError, bye_consumed
+from pserver.protocols.epochs import EpochCounter
+from pserver.protocols.lockstep import FREE, LOCKSTEP, DataQuota, LockstepDraws, total_minibatches
+from pserver.runtime.context import Context
 from pserver.strategies import lookup
-from pserver.wire import Tag, WireError, bye_consumed
 
 NO_X = np.empty((0, 0), dtype=np.float32)  # the stop: an empty minibatch
 NO_Y = np.empty(0, dtype=np.int64)
@@ -62,7 +64,7 @@ class DataServer:
         n = len(ctx.layout.learners)
         self.draws = LockstepDraws(n, self.sampler.next) if lockstep else None
         self.stopped = 0  # requests answered with a stop
-        # the checkpoint's cut (pserver.roles.ckpt_end): per learner, the minibatches served
+        # the checkpoint's cut (pserver.ckpt.drivers.end): per learner, the minibatches served
         # (serial number, indices) that it may not have computed on yet (its prefetch), and
         # those it reported computed on when it said goodbye
         self.recent: dict[int, deque[tuple[int, np.ndarray]]] = {
@@ -113,7 +115,7 @@ class DataServer:
             self.recent[dest].append((self.served, idx))
             self.count[dest] += 1
 
-    # -- checkpoints (pserver.roles.ckpt_end) ----------------------------------------------------
+    # -- checkpoints (pserver.ckpt.drivers.end) ----------------------------------------------------
 
     def unconsumed(self) -> list[np.ndarray]:
         """The minibatches served that no learner computed on (prefetched when it stopped),
@@ -128,7 +130,7 @@ class DataServer:
 
     def state(self) -> State:
         if self.draws is not None:  # SYNC, HYBRID: the draws no learner computed on
-            from pserver.roles.draws_ckpt import draws_state
+            from pserver.ckpt.drivers.draws import draws_state
 
             return draws_state(self)
         attrs, perm = self.sampler.state()
@@ -146,7 +148,7 @@ class DataServer:
 
     def restore(self, state: State) -> None:
         if self.draws is not None:
-            from pserver.roles.draws_ckpt import restore_draws
+            from pserver.ckpt.drivers.draws import restore_draws
 
             restore_draws(self, state)
             return

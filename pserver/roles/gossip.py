@@ -1,7 +1,7 @@
 """ADPSGD's learner exchange (IBM paper §3, Fig. 3b, Fig. 4): average with a ring neighbour.
 
 The schedule, its liveness and termination arguments and the atomicity condition are in
-:mod:`pserver.gossip`; this module moves the bytes. One :class:`Gossip` per learner owns its
+:mod:`pserver.protocols.ring`; this module moves the bytes. One :class:`Gossip` per learner owns its
 model ``w`` and a :class:`~pserver.comm.engine.CommEngine` whose ``progress()`` drives the
 exchanges: in a communication thread (``threaded``, the paper's design: a receiver answers while
 its main thread computes; the trainer's exchange, ``pserver.roles.gossip_exchange``, uses it in
@@ -22,7 +22,8 @@ the one it keeps. Both sides compute ``(a + b)·0.5`` with the same two arrays (
 commutes), so both hold the same average bit for bit, and the sum of the models is unchanged.
 
 Wire (on the learners' communicator, tags below): a gossip header is ``[kind, step, clock…]``
-(int64; ``pserver.gossip`` EXCHANGE / ANSWER / BYE, the sender's own step count and its vector
+(int64; ``pserver.protocols.ring`` EXCHANGE / ANSWER / BYE, the sender's own step count and its
+vector
 clock). Sender → receiver: header on ``CTRL``, model on ``MODEL``; receiver → sender: header on
 ``REPLY``, model on ``MODEL``. A receiver finds requests with a matched probe (never a posted
 wildcard receive: docs/architecture.md, "Wildcard receives") and serves one at a time.
@@ -40,7 +41,7 @@ from mpi4py import MPI
 
 from pserver.comm.engine import CommEngine
 from pserver.comm.waiting import Waiter
-from pserver.gossip import (
+from pserver.protocols.ring import (
     ANSWER,
     BYE,
     EXCHANGE,
@@ -64,7 +65,7 @@ class Gossip:
     """One learner's side of ADPSGD (see the module docstring).
 
     ``apply(w, g, step)`` is the learner's local update rule. ``stage`` is None or a
-    :class:`~pserver.backend.StagingBuffers` with two buffers of ``w.size`` elements.
+    :class:`~pserver.comm.backend.StagingBuffers` with two buffers of ``w.size`` elements.
     ``start``: start the engine now (False: its owner calls ``engine.start()`` later, after
     restoring ``w`` and the clock from a checkpoint, before any exchange can be answered).
     """
@@ -146,7 +147,8 @@ class Gossip:
             raise RuntimeError("the gossip communication thread failed") from self.engine.error
 
     def finish(self) -> None:
-        """Goodbyes (``pserver.gossip``, Termination): a sender's last exchange, then one BYE
+        """Goodbyes (``pserver.protocols.ring``, Termination): a sender's last exchange, then one
+        BYE
         to each neighbour; a receiver answers until every neighbour has said goodbye."""
         self.engine.threaded = False  # the thread is stopped: waits drive progress
         if self.role == SENDER:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pserver.gossip import local_epoch
+from pserver.protocols.ring import local_epoch
 from pserver.roles.gossip import Gossip
 
 
@@ -16,15 +16,15 @@ class GossipExchange:
     (the parameter-server path's rule, schedule and weight decay, applied here) followed by
     the exchange, ``finish()`` the goodbyes, then the average model for the statistics server
     (``pserver.roles.gossip_model``); ``state()`` / ``restore()`` its checkpoint
-    (``pserver.roles.gossip_ckpt``)."""
+    (``pserver.ckpt.drivers.gossip``)."""
 
     freeze_after_weights = False
     relayed_bytes = 0  # weights forwarded for others: none (an exchange is one's own model)
 
     def __init__(self, ctx: Any, weights: Any) -> None:
-        from pserver.backend import StagingBuffers
+        from pserver.comm.backend import StagingBuffers
         from pserver.comm.payload import staged
-        from pserver.local_update import LocalUpdate
+        from pserver.optim.local_update import LocalUpdate
         from pserver.roles.gossip_model import GossipModel
 
         cfg, xp = ctx.cfg, ctx.xp
@@ -89,13 +89,13 @@ class GossipExchange:
         self.average.stopped = True
 
     def state(self) -> Any:
-        from pserver.roles.gossip_ckpt import exchange_state
+        from pserver.ckpt.drivers.gossip import exchange_state
 
         return exchange_state(self)
 
     def restore(self, state: Any) -> None:
         """The checkpoint's model, rule state and clock, then the engine starts answering."""
-        from pserver.roles.gossip_ckpt import restore_exchange
+        from pserver.ckpt.drivers.gossip import restore_exchange
 
         restore_exchange(self, state)
         self.gossip.engine.start()

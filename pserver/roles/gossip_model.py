@@ -20,8 +20,8 @@ completes once the slowest learner has posted it. Training never waits on them: 
 are tested at each step boundary; only :meth:`GossipModel.finish` waits, after the gossip's
 goodbyes, when no learner needs another's answer any more.
 
-Checkpoints (``pserver.gossip_ckpt``, the cut): :meth:`GossipModel.finish` first agrees with
-the other learners (:class:`pserver.roles.gossip_ckpt.CutAgreement`, on a communicator of its
+Checkpoints (``pserver.ckpt.records.gossip``, the cut): :meth:`GossipModel.finish` first agrees with
+the other learners (:class:`pserver.ckpt.drivers.gossip.CutAgreement`, on a communicator of its
 own, so it cannot be matched with an epoch's allreduce still in flight) whether any was
 stopped by a signal and up to which epoch K some learner has joined the averages. Stopped:
 every learner joins the averages up to K and stops there (no final average; the resumed run
@@ -36,11 +36,11 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from pserver.ckpt.drivers.gossip import CutAgreement
+from pserver.ckpt.records.gossip import minibatches_to, owed
 from pserver.comm.collectives import Allreducer, Handle
-from pserver.epochs import EpochCounter
-from pserver.gossip_ckpt import minibatches_to, owed
-from pserver.lockstep import total_minibatches
-from pserver.roles.gossip_ckpt import CutAgreement
+from pserver.protocols.epochs import EpochCounter
+from pserver.protocols.lockstep import total_minibatches
 from pserver.roles.model_report import ModelReport
 
 

@@ -13,10 +13,11 @@ gradient is applied. ``learners.serial.train_serial_delayed`` is the serial refe
 
 The communication thread calls MPI beside the compute thread (and the prefetch thread), in
 every ``comm.mode`` (the overlap is what HYBRID is): MPI_THREAD_MULTIPLE is needed, checked
-before training (``pserver.context.check_exchange_thread``).
+before training (``pserver.runtime.context.check_exchange_thread``).
 
 Liveness: as SYNC's (``pserver.roles.allreduce``): every learner starts one allreduce per
-step, in the same order, for the same S steps (``pserver.lockstep.RunPlan``), and waits for
+step, in the same order, for the same S steps (``pserver.protocols.lockstep.RunPlan``), and waits
+for
 it at its next step or in ``done()``; the thread tests it with back-off until it completes,
 and a wait ends once it has (``CommEngine.wait``: the condition is evaluated after every
 progress that completed a bucket). The drift collectives at an epoch end run with no
@@ -27,14 +28,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pserver.checkpoint import State
+from pserver.ckpt.drivers.lockstep import HybridCut
+from pserver.ckpt.files import State
 from pserver.comm.collectives import Handle
 from pserver.comm.engine import CommEngine
-from pserver.context import Context
 from pserver.roles.allreduce import allreducer
-from pserver.roles.lockstep_ckpt import HybridCut
 from pserver.roles.lockstep_model import LockstepModel
 from pserver.roles.stop_vote import stop_vote
+from pserver.runtime.context import Context
 
 
 class HybridExchange:
@@ -117,7 +118,8 @@ class HybridExchange:
     def finish(self) -> None:
         self.model.finish()
 
-    # -- checkpoints (pserver.roles.ckpt_end, pserver.roles.lockstep_ckpt) ----------------------
+    # -- checkpoints (pserver.ckpt.drivers.end, pserver.ckpt.drivers.lockstep)
+    # ----------------------
 
     def stop_agreed(self) -> bool:
         """At step boundary ``steps``: stop here, on every learner the same step

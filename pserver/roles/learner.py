@@ -24,15 +24,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pserver.checkpoint import State
-from pserver.config import pull_timestamp
-from pserver.context import Context
-from pserver.partial_pull import ITERATION, REFRESH, USE, PartialPull, PullRule
-from pserver.partial_pull_ckpt import keeps_copies, learner_state, restore_learner
+from pserver.ckpt.files import State
+from pserver.ckpt.records.partial_pull import keeps_copies, learner_state, restore_learner
+from pserver.comm.wire import Reply, WireError, split_reply
+from pserver.plan.config import pull_timestamp
+from pserver.plan.topology import Block
+from pserver.protocols.partial_pull import ITERATION, REFRESH, USE, PartialPull, PullRule
 from pserver.roles.pslink import PSLink
+from pserver.runtime.context import Context
 from pserver.strategies import lookup
-from pserver.topology import Block
-from pserver.wire import Reply, WireError, split_reply
 
 
 def waits_for_update(ctx: Context) -> bool:
@@ -60,7 +60,7 @@ class PSExchange:
         self.steps = 0
         # a stop asked while waiting in a pull (the trainer's, ``Trainer.interrupt``): under the
         # iteration rule the learner leaves the pull, and says goodbye before collecting its
-        # held pulls (pserver.partial_pull_ckpt: the cut's liveness)
+        # held pulls (pserver.ckpt.records.partial_pull: the cut's liveness)
         self.interrupt: Callable[[], bool] = lambda: False
         self.leaving = False
 
@@ -107,7 +107,7 @@ class PSExchange:
     def state(self) -> State:
         """Nothing the shards do not hold: the model is pulled again on resume. With partial
         pulling or the iteration rule: the copies, their timestamps and the iteration tag
-        (``pserver.partial_pull_ckpt``)."""
+        (``pserver.ckpt.records.partial_pull``)."""
         if keeps_copies(self.cfg):
             w = self.ctx.backend.to_host(self.link.w)
             return learner_state(w, self.have, self.rule.tag, self.steps)
@@ -245,7 +245,7 @@ class PSExchange:
         """Collect late replies, cancel the idle receives, and say goodbye upstream."""
         late: list[Block] = []
         self.waiter.waitall(self.link.pushing, "the last gradient pushes to be delivered")
-        if self.asked and self.rule.rule == ITERATION:  # a cut (pserver.partial_pull_ckpt)
+        if self.asked and self.rule.rule == ITERATION:  # a cut (pserver.ckpt.records.partial_pull)
             self.leave(late)
             return
         self.collect(late, "the late reply of block {}")
@@ -262,7 +262,8 @@ class PSExchange:
     def leave(self, late: list[Block]) -> None:
         """The cut under the iteration rule: goodbye first, so that every shard answers our
         held pulls STOP (``PullAnswers.release_departed``), then collect every answer, asking
-        nothing again, and keep the weights that came (``pserver.partial_pull_ckpt``, point 2)."""
+        nothing again, and keep the weights that came (``pserver.ckpt.records.partial_pull``, point
+        2)."""
         self.leaving = True
         self.link.say_bye()
         self.collect(late, "the last reply of block {} (after our goodbye)")

@@ -3,12 +3,12 @@
 A composition around the blocking PS client (:class:`pserver.roles.learner.PSExchange`), which
 moves the messages: at a block start ``weights()`` pulls the global model W_g(t−1) through it
 (the first block starts on w0, as every rank builds it), copies it into the learner's own
-compute buffer and restarts the local rule (:mod:`pserver.local_rule`: optimizer state zeroed,
+compute buffer and restarts the local rule (:mod:`pserver.optim.local_rule`: optimizer state zeroed,
 the block's learning rate). Each ``gradient(g)`` is a local step on that buffer; after the τ-th
 the local model is copied into the PS client's gradient buffer and pushed with the timestamp of
 W_g(t−1): the shard's round takes one model per learner computed from the block's global
 model (σ = 0 by construction, recorded as the usual ``gradients`` rows) and forms the block's
-update G(t) = W̄(t) − W_g(t−1) itself (eq. 2; :mod:`pserver.block_momentum` says why the model
+update G(t) = W̄(t) − W_g(t−1) itself (eq. 2; :mod:`pserver.optim.block_momentum` says why the model
 rather than the learner's delta w − W_g(t−1) travels: the same bytes, and MA is exactly W̄).
 
 Liveness: a learner talks to the shards only at block boundaries, where it pushes every block
@@ -24,11 +24,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pserver.checkpoint import CheckpointError, State
-from pserver.context import Context
-from pserver.local_rule import LocalRule
+from pserver.ckpt.files import CheckpointError, State
+from pserver.optim.local_rule import LocalRule
 from pserver.roles.learner import PSExchange
 from pserver.roles.stop_vote import stop_vote
+from pserver.runtime.context import Context
 
 
 class LocalStepsExchange:
@@ -87,13 +87,13 @@ class LocalStepsExchange:
     def finish(self) -> None:
         self.ps.finish()
 
-    # -- checkpoints (pserver.roles.ckpt_end) -------------------------------------------------
+    # -- checkpoints (pserver.ckpt.drivers.end) -------------------------------------------------
 
     def stop_agreed(self) -> bool:
         """Stop only at a block's start, every learner at the same block
         (``pserver.roles.stop_vote``): its delta of the block before is pushed and the round
         closes, so the shards hold W(t) and Δ(t) and no learner holds a local model, whose
-        optimizer state restarts at every block anyway (``pserver.local_rule``)."""
+        optimizer state restarts at every block anyway (``pserver.optim.local_rule``)."""
         if self.local != 0 or self.vote is None:
             return False
         return self.vote.boundary(True)  # the shards, not a plan, decide the last block

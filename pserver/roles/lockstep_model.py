@@ -2,9 +2,9 @@
 
 Used by composition by the exchanges of ``pserver.roles.allreduce`` and ``pserver.roles.hybrid``:
 they move the gradients (an allreduce, now or one step late); this object applies each
-averaged gradient with the learner's own update rule (``pserver.local_update``: the shards'
+averaged gradient with the learner's own update rule (``pserver.optim.local_update``: the shards'
 rules, schedules and weight decay), keeps the staleness count, decides from the run plan
-(``pserver.lockstep.RunPlan``: the same on every learner) when an epoch ends, measures the
+(``pserver.protocols.lockstep.RunPlan``: the same on every learner) when an epoch ends, measures the
 learners' drift then (``pserver.roles.drift``) and reports the model for the epoch's test
 (``pserver.roles.model_report``), and writes the ``exchanges`` and ``drift`` rows.
 """
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pserver.context import Context
-from pserver.local_update import LocalUpdate
-from pserver.lockstep import RunPlan
+from pserver.optim.local_update import LocalUpdate
+from pserver.protocols.lockstep import RunPlan
 from pserver.roles.drift import Drift
 from pserver.roles.model_report import ModelReport
+from pserver.runtime.context import Context
 
 
 class LockstepModel:

@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from pserver.comm.waiting import Waiter
-from pserver.context import Context
 from pserver.roles.snapshots import Snapshots, snapshot_queue
+from pserver.runtime.context import Context
 
 SENDER = 0  # the learner index that reports the model
 

@@ -10,7 +10,7 @@ one was delivered, so μ stays what the user set (gradients are never summed on 
 Under async and n-softsync a learner never waits for a newer model, so on its own it would run
 ahead of its gradients without limit: it follows each push with a pull request for weights of
 any age, and computes only while at most ``comm.max_inflight`` of its pushes are not yet
-acknowledged by an installed answer (:mod:`pserver.inflight`, whose docstring bounds the
+acknowledged by an installed answer (:mod:`pserver.protocols.inflight`, whose docstring bounds the
 staleness this leaves and proves that waiting for the bound cannot deadlock). Hardsync and PSP
 wait for the next model before every minibatch, which bounds them already.
 
@@ -30,17 +30,17 @@ from typing import Any
 
 from mpi4py import MPI
 
-from pserver.checkpoint import State
+from pserver.ckpt.drivers.overlap import resend
+from pserver.ckpt.files import State
+from pserver.ckpt.records.pipeline import pipeline_state, restore_pipeline
 from pserver.comm.engine import CommEngine
-from pserver.context import Context
-from pserver.inflight import InflightWindow, inflight_limit
-from pserver.pipeline_ckpt import pipeline_state, restore_pipeline
+from pserver.comm.wire import Reply, WireError, reply_kind
+from pserver.plan.topology import Block
+from pserver.protocols.inflight import InflightWindow, inflight_limit
 from pserver.roles.bcast import Children
 from pserver.roles.learner import waits_for_update
-from pserver.roles.overlap_ckpt import resend
 from pserver.roles.pslink import PSLink
-from pserver.topology import Block
-from pserver.wire import Reply, WireError, reply_kind
+from pserver.runtime.context import Context
 
 
 class OverlapExchange:
@@ -125,7 +125,8 @@ class OverlapExchange:
         return bool(live) and all(b.index in answered for b in live)
 
     def ask(self, b: Block) -> None:
-        # async/softsync: answered at once, acknowledging our pushes so far (pserver.inflight);
+        # async/softsync: answered at once, acknowledging our pushes so far
+        # (pserver.protocols.inflight);
         # hardsync/PSP: a long poll, answered by the next update
         self.link.ask(b, 0 if self.window is not None else self.have[b.index] + 1)
 
@@ -207,7 +208,7 @@ class OverlapExchange:
             self.begin()
         # the first minibatch runs on w0, unless resumed from a checkpoint
         need_new = (self.waits_for_update and self.steps > 0) or self.must_pull
-        while True:  # twice at most when bounded (pserver.inflight: liveness, point 4)
+        while True:  # twice at most when bounded (pserver.protocols.inflight: liveness, point 4)
             self.wait(
                 lambda n=need_new: self.ended() or self.model_ready() or self.may_go(n),
                 self.waiting_for(),
@@ -240,7 +241,7 @@ class OverlapExchange:
     def done(self) -> float:
         """Deliver the last push, then serve the children until they said goodbye."""
         blocked = self.wait(lambda: not self.link.pushing, "the last push")
-        # stopped by a signal (pserver.signals) before the shards stopped: our last pull
+        # stopped by a signal (pserver.runtime.signals) before the shards stopped: our last pull
         # requests are answered once the rounds our pushes complete are applied
         self.wait(lambda: not self.link.asked, "the answers to our last pull requests")
         if not self.link.all_stopped():  # a cut: our children get no newer model from us
@@ -251,11 +252,11 @@ class OverlapExchange:
 
     def state(self) -> State:
         """The pipeline: compute copy, answers not installed, window, dropped pushes
-        (:mod:`pserver.pipeline_ckpt`)."""
+        (:mod:`pserver.ckpt.records.pipeline`)."""
         return pipeline_state(self)
 
     def restore(self, state: State) -> None:
-        """Resume where the cut left the pipeline (:mod:`pserver.pipeline_ckpt`); from a
+        """Resume where the cut left the pipeline (:mod:`pserver.ckpt.records.pipeline`); from a
         checkpoint without it, compute nothing before the shards' model has arrived."""
         self.steps = int(state.attrs.get("steps", 0))
         if "pipeline" in state.attrs:

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from pserver.context import Context
-from pserver.wire import Header, Tag, bye_aux, header_buffer
+from pserver.comm.wire import Header, Tag, bye_aux, header_buffer
+from pserver.runtime.context import Context
 
 
 class Slot:

@@ -15,9 +15,9 @@ from typing import Any
 from mpi4py import MPI
 
 from pserver.comm.payload import Payloads
-from pserver.context import Context
-from pserver.topology import Block
-from pserver.wire import Header, Tag, WireError, header_buffer, pull_aux, push_aux, reply_tag
+from pserver.comm.wire import Header, Tag, WireError, header_buffer, pull_aux, push_aux, reply_tag
+from pserver.plan.topology import Block
+from pserver.runtime.context import Context
 
 
 class PSLink:

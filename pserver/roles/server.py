@@ -2,7 +2,8 @@
 
 The loop receives headers in arrival order on the control communicator and dispatches them
 through a handler table. This file keeps requests, pushes and bookkeeping; each block's
-arithmetic, protocol round and epoch count live in ``pserver.shard_block`` (pure), the answer to
+arithmetic, protocol round and epoch count live in ``pserver.protocols.shard_block`` (pure), the
+answer to
 a pull in ``pserver.protocols.pull`` (applied, held pulls and replies in ``shard_pulls``), the
 versions pulls read in ``shard_versions`` and the snapshots for the statistics server in
 ``snapshots``, how blocks are built in ``shard_state``.
@@ -15,22 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from pserver.checkpoint import State
+from pserver.ckpt.drivers.aggregator import departed_learners
+from pserver.ckpt.drivers.shm import host_copy
+from pserver.ckpt.files import State
+from pserver.ckpt.records.shard import block_state, restore_block
 from pserver.comm.inbox import Inbox
 from pserver.comm.payload import Payloads
 from pserver.comm.waiting import Waiter
-from pserver.config import inject_plan
-from pserver.context import Context
-from pserver.roles.aggregator_ckpt import departed_learners
-from pserver.roles.shard_inject import ShardInjection
-from pserver.roles.shard_pulls import PullAnswers
-from pserver.roles.shard_rows import ShardRows, prediction_summary
-from pserver.roles.shard_state import BlockBuilder, BlockState
-from pserver.roles.shard_versions import summary
-from pserver.roles.shm_ckpt import host_copy
-from pserver.roles.snapshots import SNAPSHOT_QUEUE_MAX, snapshot_queue
-from pserver.shard_ckpt import block_state, restore_block
-from pserver.wire import (
+from pserver.comm.wire import (
     Header,
     Tag,
     WireError,
@@ -39,6 +32,14 @@ from pserver.wire import (
     push_summed,
     retired_learner,
 )
+from pserver.plan.config import inject_plan
+from pserver.roles.shard_inject import ShardInjection
+from pserver.roles.shard_pulls import PullAnswers
+from pserver.roles.shard_rows import ShardRows, prediction_summary
+from pserver.roles.shard_state import BlockBuilder, BlockState
+from pserver.roles.shard_versions import summary
+from pserver.roles.snapshots import SNAPSHOT_QUEUE_MAX, snapshot_queue
+from pserver.runtime.context import Context
 
 __all__ = ["SNAPSHOT_QUEUE_MAX", "BlockState", "ServerShard", "snapshot_queue"]
 
@@ -182,7 +183,7 @@ class ServerShard:
         self.after_update(st)
 
     def after_update(self, st: BlockState) -> None:
-        """Tests at epoch ends (``pserver.epochs``), then the held pulls."""
+        """Tests at epoch ends (``pserver.protocols.epochs``), then the held pulls."""
         for epoch in st.arith.epoch_ends().tested:
             self.send_snapshot(st, epoch)
         if st.snaps.queued:
@@ -193,22 +194,22 @@ class ServerShard:
         self.live.discard(h.sender)
         for st in self.blocks.values():
             # held pulls of a child that left at a cut (an aggregator's long polls, a learner's
-            # under the iteration rule, pserver.partial_pull_ckpt): STOP, now
+            # under the iteration rule, pserver.ckpt.records.partial_pull): STOP, now
             self.pulls.release_departed(st, h.sender)
-            # its last loan of a window version: it computes nothing more (pserver.roles.shm_ckpt)
+            # its last loan of a window version: it computes nothing more (pserver.ckpt.drivers.shm)
             st.versions.unpin_reader(h.sender)
         # a learner, or a top aggregator (its subtree's learners, retired already by RETIRE)
         self.retire(departed_learners(self.ctx.layout, h.sender))
 
     def on_retire(self, h: Header) -> None:
-        """A learner below an aggregator said goodbye (``pserver.roles.aggregator_ckpt``)."""
+        """A learner below an aggregator said goodbye (``pserver.ckpt.drivers.aggregator``)."""
         self.retire([retired_learner(h.aux)])
 
     def retire(self, learners: list[int]) -> None:
         for st in self.blocks.values():
             for learner in learners:
                 st.arith.protocol.retire(learner)
-            # a learner stopped by a signal (pserver.signals) or paused for a periodic
+            # a learner stopped by a signal (pserver.runtime.signals) or paused for a periodic
             # checkpoint while the others finish their step: the round they complete no longer
             # waits for it (hardsync's lockstep); once every learner is gone a round below its
             # count (softsync's c) can get no more gradients: it closes with those it has, so
@@ -218,7 +219,8 @@ class ServerShard:
                 self.update(st)
             self.pulls.answer_waiting(st)
 
-    # -- checkpoints (pserver.roles.ckpt_end, pserver.shard_ckpt) -----------------------------
+    # -- checkpoints (pserver.ckpt.drivers.end, pserver.ckpt.records.shard)
+    # -----------------------------
 
     def state(self) -> State:
         """Every block's state, taken after the loop: every learner has said goodbye."""

@@ -12,8 +12,8 @@ import itertools
 import time
 from collections.abc import Iterable
 
-from pserver.inject import InjectPlan
-from pserver.wire import Header
+from pserver.comm.wire import Header
+from pserver.plan.inject import InjectPlan
 
 
 class ShardInjection:

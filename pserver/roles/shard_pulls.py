@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from pserver.comm.wire import Header, Reply, Tag, header_buffer, pull_oldest, reply_aux, reply_tag
 from pserver.protocols.pull import pull_answer
 from pserver.roles.shard_state import BlockState
-from pserver.wire import Header, Reply, Tag, header_buffer, pull_oldest, reply_aux, reply_tag
 
 
 class PullAnswers:
@@ -54,9 +54,9 @@ class PullAnswers:
 
     def release_departed(self, st: BlockState, sender: int) -> None:
         """STOP to the pulls ``sender`` left held when it said goodbye, now: an aggregator
-        leaves a cut with its long polls out (``pserver.roles.aggregator_ckpt``), and a learner
+        leaves a cut with its long polls out (``pserver.ckpt.drivers.aggregator``), and a learner
         under the iteration rule says goodbye before collecting its last answers
-        (``pserver.partial_pull_ckpt``: they may ask for rounds only learners stopping too
+        (``pserver.ckpt.records.partial_pull``: they may ask for rounds only learners stopping too
         could fill). Other learners say goodbye with no pull held: nothing to do."""
         held = [h for h in st.waiting_pulls + st.starved if h.sender == sender]
         held += self.inject.withdraw(sender, st.block.index)

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from pserver.comm.records import RecordBuffer
-from pserver.prediction import Predictor, paper_staleness
+from pserver.optim.prediction import Predictor, paper_staleness
 from pserver.protocols.base import UpdateDecision
-from pserver.shard_block import Applied, ShardBlock
+from pserver.protocols.shard_block import Applied, ShardBlock
 
 
 class ShardRows:

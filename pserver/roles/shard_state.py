@@ -1,6 +1,7 @@
 """A shard's blocks as the server driver holds them, and how they are built.
 
-Each block is its arithmetic (``pserver.shard_block``, pure), the versions pulls read and the
+Each block is its arithmetic (``pserver.protocols.shard_block``, pure), the versions pulls read and
+the
 sends reading them (``shard_versions``), its snapshots (``snapshots``) and the pulls it holds.
 With the shared-memory transport, a block's weights and their versions live in the node's
 window, where the learners of the node read them.
@@ -13,14 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from pserver.bmuf_block import BlockMomentumShard
-from pserver.context import Context
+from pserver.comm.wire import Header
+from pserver.plan.topology import Block
+from pserver.protocols.bmuf_block import BlockMomentumShard
+from pserver.protocols.shard_block import ShardBlock
 from pserver.roles.shard_versions import ServedVersions
 from pserver.roles.snapshots import Snapshots, snapshot_queue
-from pserver.shard_block import ShardBlock
+from pserver.runtime.context import Context
 from pserver.strategies import BLOCK_MOMENTUM, lookup
-from pserver.topology import Block
-from pserver.wire import Header
 
 #: ``Strategy.shard_block`` -> the block's arithmetic (pure).
 SHARD_BLOCKS: dict[str, type[ShardBlock]] = {"": ShardBlock, BLOCK_MOMENTUM: BlockMomentumShard}
@@ -28,7 +29,8 @@ SHARD_BLOCKS: dict[str, type[ShardBlock]] = {"": ShardBlock, BLOCK_MOMENTUM: Blo
 
 @dataclass
 class BlockState:
-    """One block at the shard: its arithmetic (``pserver.shard_block``), the versions pulls
+    """One block at the shard: its arithmetic (``pserver.protocols.shard_block``), the versions
+    pulls
     read and the sends reading them, its snapshots, and the pulls it holds."""
 
     block: Block

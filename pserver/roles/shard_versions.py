@@ -1,6 +1,6 @@
 """The versions of one shard block that pulls read, and the sends reading them.
 
-The bookkeeping is ``pserver.versions.VersionPool`` (pure); this adds the buffers, the MPI
+The bookkeeping is ``pserver.protocols.versions.VersionPool`` (pure); this adds the buffers, the MPI
 requests that pin them, and the two writes: an update's copy-on-write (``new_version``) and,
 with host staging, the staged copy weight sends read (``stage``). Neither ever waits for a
 receiver longer than one copy takes (see ``new_version``).
@@ -15,7 +15,7 @@ from typing import Any
 from mpi4py import MPI
 
 from pserver.comm.waiting import Waiter
-from pserver.versions import VersionPool, release_completed
+from pserver.protocols.versions import VersionPool, release_completed
 
 
 class ServedVersions:

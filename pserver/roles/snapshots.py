@@ -16,8 +16,8 @@ import numpy as np
 from mpi4py import MPI
 
 from pserver.comm.waiting import Waiter
-from pserver.context import Context
-from pserver.wire import Header, Tag, header_buffer, model_aux
+from pserver.comm.wire import Header, Tag, header_buffer, model_aux
+from pserver.runtime.context import Context
 
 # model snapshots a block may queue while one is on its way to statistics: as many as fit in
 # SNAPSHOT_QUEUE_BYTES of host copies per shard, between 1 and SNAPSHOT_QUEUE_MAX

@@ -10,7 +10,7 @@ older epoch still lacks that block proves the older epoch's test was skipped; th
 dropped (``skipped_tests`` row) instead of waiting forever. The final epoch is never skipped.
 
 A dump that cannot be written (disk full, I/O error) ends the run: one error line, and the
-dump stays as it was at its last complete flush (see ``pserver.stats.writer``).
+dump stays as it was at its last complete flush (see ``pserver.dump.writer``).
 """
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ import numpy as np
 from mpi4py import MPI
 
 from pserver import __version__
-from pserver.checkpoint import State
+from pserver.ckpt.files import State
 from pserver.comm.records import decode
-from pserver.context import Context
-from pserver.provenance import dump_attrs
-from pserver.rundir import point_latest
-from pserver.signals import STOP
-from pserver.stats.schema import DATA_SCALING
-from pserver.stats.writer import DumpWriteError, StatsWriter
-from pserver.wire import Header, Tag, WireError, header_buffer, model_epoch
+from pserver.comm.wire import Header, Tag, WireError, header_buffer, model_epoch
+from pserver.dump.schema import DATA_SCALING
+from pserver.dump.writer import DumpWriteError, StatsWriter
+from pserver.runtime.context import Context
+from pserver.runtime.provenance import dump_attrs
+from pserver.runtime.rundir import point_latest
+from pserver.runtime.signals import STOP
 
 
 class StatsServer:
@@ -107,7 +107,7 @@ class StatsServer:
         self.ctx.log.info("dump written to %s", self.ctx.dump_path)
 
     def link_latest(self) -> None:
-        """Point the runs' ``latest`` link here (pserver.rundir); a failure only warns: the
+        """Point the runs' ``latest`` link here (pserver.runtime.rundir); a failure only warns: the
         dump itself is where the log says."""
         if self.ctx.latest is None:
             return
@@ -144,7 +144,7 @@ class StatsServer:
         )
         self.rows = self.writer.rows()
 
-    # -- checkpoints (pserver.roles.ckpt_end) ---------------------------------------------------
+    # -- checkpoints (pserver.ckpt.drivers.end) ---------------------------------------------------
 
     def state(self) -> State:
         """What the progress lines and the skipped-test rows need; the dump is on disk."""
@@ -175,7 +175,7 @@ class StatsServer:
         """End the whole run on a dump that cannot be written: one line, then abort."""
         from mpi4py import MPI
 
-        from pserver.logs import wait_until_read
+        from pserver.runtime.logs import wait_until_read
 
         print(f"pserver-run: error: {exc}; ending the run", file=sys.stderr, flush=True)
         wait_until_read(sys.stderr)
@@ -188,7 +188,7 @@ class StatsServer:
         self.ctx.peers.note(source, "RECORDS")
         rows, clocks, dropped = decode(data)
         for group, cols in rows.items():
-            self.writer.append(group, **cols)  # typed by the dump schema (pserver.stats.schema)
+            self.writer.append(group, **cols)  # typed by the dump schema (pserver.dump.schema)
         if clocks:
             self.writer.append_clocks("updates", "vector_clock", clocks)
         if dropped and dropped != self.dropped.get(source):  # counts are cumulative

@@ -4,7 +4,7 @@ A lockstep strategy's learners (SYNC and HYBRID step by step, BMUF and MA block 
 stop at the same boundary: a learner that stops one step early leaves the others in an
 allreduce, or in a block round, that never completes, and a checkpoint of learners at different
 steps is no consistent cut. A signal reaches the ranks at different moments, so each learner
-votes and all act on the vote's result, never on their own flag (``pserver.signals.STOP``).
+votes and all act on the vote's result, never on their own flag (``pserver.runtime.signals.STOP``).
 
 The vote is lagged by one boundary, so that it seldom makes a learner wait: at boundary ``k``
 a learner first takes the result of the vote posted at boundary ``k − 1`` (a non-blocking
@@ -28,7 +28,7 @@ completed by :meth:`StopVote.finish`, which every learner reaches at the end of 
 Waits use the Waiter's back-off and stall report (no blocking MPI call, no spinning); the
 communicator is duplicated with ``Idup``, waited the same way at the first vote.
 
-A periodic checkpoint (``run.checkpoint_interval``, ``pserver.roles.ckpt_periodic``) pauses
+A periodic checkpoint (``run.checkpoint_interval``, ``pserver.ckpt.drivers.periodic``) pauses
 the learners through the same vote: a learner whose pause is due votes :data:`PAUSE`, one that
 saw a signal :data:`SIGNAL` (the larger: a signal ends the run even when a pause was due too),
 and every learner acts on the maximum (:attr:`StopVote.decided`), so all pause at one boundary.
@@ -42,7 +42,7 @@ import numpy as np
 from mpi4py import MPI
 
 from pserver.comm.waiting import Waiter
-from pserver.signals import STOP
+from pserver.runtime.signals import STOP
 
 #: a learner's vote (the reduction keeps the largest)
 GO, PAUSE, SIGNAL = 0, 1, 2
@@ -114,7 +114,7 @@ class StopVote:
 def stop_vote(ctx: Any, waiter: Waiter) -> StopVote | None:
     """A vote among ``ctx``'s learners when this run can be checkpointed (the same answer on
     every learner: a function of the config), else None (a signal then ends the rank)."""
-    from pserver.resume import unsupported
+    from pserver.ckpt.resume import unsupported
 
     if unsupported(ctx.cfg) is not None or ctx.learner_comm is None:
         return None

@@ -18,9 +18,9 @@ import time
 from typing import Any, Protocol
 
 from pserver.comm.waiting import Waiter
-from pserver.config import inject_plan
+from pserver.comm.wire import Header, Tag, header_buffer
 from pserver.errors import diverged
-from pserver.wire import Header, Tag, header_buffer
+from pserver.plan.config import inject_plan
 
 
 class Exchange(Protocol):
@@ -56,7 +56,7 @@ class Trainer:
         self.compute_time = self.pull_time = self.push_time = 0.0
         self.consumed = 0  # minibatches of this run's stream computed on (the data server's cut)
         self.stopped_early = False  # a signal ended the run before the shards did
-        # a periodic checkpoint (pserver.roles.ckpt_periodic): pause at the first step
+        # a periodic checkpoint (pserver.ckpt.drivers.periodic): pause at the first step
         # boundary from this time on (ctx.now() seconds), as a signal would stop the run
         interval = self.cfg.run.checkpoint_interval
         self.pause_at = ctx.now() + interval if interval > 0 else math.inf
@@ -81,10 +81,10 @@ class Trainer:
         self.report()
 
     def stop_requested(self) -> bool:
-        """SIGTERM/SIGINT seen (``pserver.signals``) or a periodic checkpoint due
+        """SIGTERM/SIGINT seen (``pserver.runtime.signals``) or a periodic checkpoint due
         (``pause_at``): stop at this step boundary, where every push of the last step is sent
         and no minibatch is half computed: the consistent cut."""
-        from pserver.signals import STOP
+        from pserver.runtime.signals import STOP
 
         agreed = getattr(self.ex, "stop_agreed", None)
         vote = getattr(self.ex, "vote", None)
@@ -102,12 +102,13 @@ class Trainer:
 
     def interrupt(self) -> bool:
         """Whether a learner waiting in a pull should leave it and stop where it is, at the
-        step boundary after its last push (the iteration rule's cut, pserver.partial_pull_ckpt):
+        step boundary after its last push (the iteration rule's cut,
+        pserver.ckpt.records.partial_pull):
         a signal, or a periodic pause that is due. In a part's first pull (no step yet) only
         one interval after the pause was due, so a part still makes progress whenever a pull
         is quicker than ``run.checkpoint_interval``; a learner left alone in a round by the
         others' pause still leaves it."""
-        from pserver.signals import STOP
+        from pserver.runtime.signals import STOP
 
         if STOP.requested:
             self.stopped_early = True
@@ -123,12 +124,12 @@ class Trainer:
         every part makes progress, however short ``run.checkpoint_interval``)."""
         return self.pause_at < math.inf and self.consumed > 0 and self.ctx.now() >= self.pause_at
 
-    # -- checkpoints (pserver.roles.ckpt_end) ---------------------------------------------------
+    # -- checkpoints (pserver.ckpt.drivers.end) ---------------------------------------------------
 
     def state(self) -> Any:
         """The step count and the exchange's own state (``state()``: a strategy's local
         optimizer, its model; the PS exchanges keep nothing that the shards do not hold)."""
-        from pserver.checkpoint import State
+        from pserver.ckpt.files import State
 
         own = getattr(self.ex, "state", None)
         ex = own() if callable(own) else State({}, {})
@@ -136,7 +137,7 @@ class Trainer:
         return State({f"exchange.{k}": v for k, v in ex.arrays.items()}, attrs)
 
     def restore(self, state: Any) -> None:
-        from pserver.checkpoint import CheckpointError, State
+        from pserver.ckpt.files import CheckpointError, State
 
         self.steps = int(state.attrs["steps"])
         load = getattr(self.ex, "restore", None)

@@ -7,7 +7,7 @@ The reader API for notebooks and scripts (pandas DataFrames, :mod:`pserver.stats
     f.test, f.train, f.updates, f.gradients, f.staleness, f.config, f.summary
     compare_frame(["runs/a", "runs/b"]) # one row per run, labelled by the differing keys
 
-Loaded on first use, so importing ``pserver.stats.schema`` or the writer needs no pandas.
+Loaded on first use, so importing ``pserver.dump.schema`` or the writer needs no pandas.
 """
 
 from __future__ import annotations

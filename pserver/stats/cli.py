@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pserver.dump.reader import DumpError, load_dump, summarize
 from pserver.errors import PserverError
-from pserver.stats.reader import DumpError, load_dump, summarize
 from pserver.stats.runs import resolve_dump
 
 T = TypeVar("T")
@@ -179,8 +179,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Exit 0 when the dump is consistent (pserver.stats.check), 1 with one line per problem."""
-    from pserver.stats.check import check_dump
+    """Exit 0 when the dump is consistent (pserver.dump.check), 1 with one line per problem."""
+    from pserver.dump.check import check_dump
 
     problems = checked(args.dump, check_dump, load_dump(args.dump))
     for problem in problems:

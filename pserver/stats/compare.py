@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pserver.dump.reader import Dump
 from pserver.stats.export import write_columns
-from pserver.stats.reader import Dump
 from pserver.stats.tables import comparison_rows, labels, run_config
 
 #: (header, column, format) of the printed table

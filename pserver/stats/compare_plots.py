@@ -16,6 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from pserver.dump.reader import Dump
 from pserver.stats.plots import (
     EPOCH_LABEL,
     ERROR_LABEL,
@@ -26,7 +27,6 @@ from pserver.stats.plots import (
     smooth,
     staleness_axes,
 )
-from pserver.stats.reader import Dump
 from pserver.stats.tables import applied_staleness, staleness_distribution
 
 LOSS_POINTS = 50  # the moving average spans about 1/50 of a run's minibatches

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from pserver.stats.reader import Dump
-from pserver.stats.schema import MODEL_WEIGHTS
+from pserver.dump.reader import Dump
+from pserver.dump.schema import MODEL_WEIGHTS
 from pserver.stats.tables import flatten, group_table, run_facts, staleness_distribution
 
 MODEL_GROUP = MODEL_WEIGHTS.split("/")[0]

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pserver.dump.reader import Dump, summarize
+from pserver.dump.schema import GROUPS
 from pserver.errors import PserverError
-from pserver.stats.reader import Dump, summarize
 from pserver.stats.runs import load_run
-from pserver.stats.schema import GROUPS
 from pserver.stats.tables import comparison_rows, group_table, run_config, staleness_distribution
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from pserver.stats.reader import Dump, exchange_staleness
+from pserver.dump.reader import Dump, exchange_staleness
 
 MAX_LEGEND_ENTRIES = 12  # beyond this a legend hides the plot (Rudra ran 30-54 learners)
 TIME_LABEL = "wall time (s)"

@@ -8,15 +8,18 @@
   where ``run.out_dir`` is a template with ``{id}``): its latest run;
 * a directory with exactly one ``*/stats.h5`` below it.
 
-Anything else is a :class:`~pserver.stats.reader.DumpError` naming what was looked for.
+Anything else is a :class:`~pserver.dump.reader.DumpError` naming what was looked for.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pserver.rundir import DUMP_NAME, LATEST  # one spelling of the names a run directory has
-from pserver.stats.reader import Dump, DumpError, load_dump
+from pserver.dump.reader import Dump, DumpError, load_dump
+from pserver.runtime.rundir import (  # one spelling of the names a run directory has
+    DUMP_NAME,
+    LATEST,
+)
 
 
 def resolve_dump(run: str | Path) -> Path:
@@ -43,5 +46,5 @@ def resolve_dump(run: str | Path) -> Path:
 
 
 def load_run(run: str | Path) -> Dump:
-    """:func:`~pserver.stats.reader.load_dump` of :func:`resolve_dump` (``run``)."""
+    """:func:`~pserver.dump.reader.load_dump` of :func:`resolve_dump` (``run``)."""
     return load_dump(resolve_dump(run))

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from pserver import strategies
+from pserver.dump.reader import Dump, summarize
 from pserver.errors import PserverError
-from pserver.stats.reader import Dump, summarize
 
 #: keys that differ between any two runs without saying anything about the experiment
 NOISE_KEYS = frozenset(

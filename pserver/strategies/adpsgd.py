@@ -1,6 +1,7 @@
 """ADPSGD (IBM paper §3, Fig. 3b, Fig. 4): learners only; after each local update a learner
 averages its model with a ring neighbour's, w ← (w + w')/2 (eq. 4). The ring schedule and its
-liveness argument: ``pserver.gossip``; the exchange: ``pserver.roles.gossip`` (the bytes) and
+liveness argument: ``pserver.protocols.ring``; the exchange: ``pserver.roles.gossip`` (the bytes)
+and
 ``pserver.roles.gossip_exchange`` (the trainer's exchange)."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from pserver.errors import ConfigError
 from pserver.strategies import collective as c
 from pserver.strategies.base import COLLECTIVE, Config, Strategy
 
-GOSSIP = c.GOSSIP  # the learner exchange (pserver.cli's EXCHANGES)
+GOSSIP = c.GOSSIP  # the learner exchange (pserver.job.cli's EXCHANGES)
 
 
 def check_lr_policy(s: Strategy, cfg: Config) -> None:

@@ -4,7 +4,7 @@ A strategy is everything ``protocol.name`` selects: its family, its own typed ``
 parameters, the ranks it needs, the shard protocol its server blocks run (none for a family
 without servers), the learner exchange it uses, and the checks that tie its keys to the rest
 of the config. Nothing here imports the config (the config imports the registry); a check
-receives the descriptor and the ``pserver.config.Config`` (types, choices and bounds already
+receives the descriptor and the ``pserver.plan.config.Config`` (types, choices and bounds already
 checked) and raises ``ConfigError``.
 """
 
@@ -22,7 +22,7 @@ PREDICTION = "prediction"
 COLLECTIVE = "collective/gossip"
 FAMILIES = (PARAMETER_SERVER, MODEL_AVERAGING, PREDICTION, COLLECTIVE)
 
-#: Learner exchanges, by name (resolved to classes by ``pserver.cli``'s driver table).
+#: Learner exchanges, by name (resolved to classes by ``pserver.job.cli``'s driver table).
 PS = "ps"  # pull weights, compute, push gradients, one step after the other
 PS_OVERLAP = "ps-overlap"  # the same, with pulls and pushes in flight during compute
 LOCAL_STEPS = "local-steps"  # τ local steps, then push the model delta, pull (BMUF, MA)
@@ -30,7 +30,7 @@ LOCAL_STEPS = "local-steps"  # τ local steps, then push the model delta, pull (
 #: Shard block kinds beside the plain one, by name (resolved by ``pserver.roles.shard_state``).
 BLOCK_MOMENTUM = "block-momentum"  # BMUF's master: eqs. (2)-(6) of Chen & Huo
 
-Config = Any  # pserver.config.Config: not imported, the config imports the registry
+Config = Any  # pserver.plan.config.Config: not imported, the config imports the registry
 Check = Callable[["Strategy", Config], None]
 ProtocolFactory = Callable[[Config, int], Any]  # (config, λ) -> pserver.protocols.Protocol
 
@@ -39,7 +39,7 @@ ProtocolFactory = Callable[[Config, int], Any]  # (config, λ) -> pserver.protoc
 class Param:
     """One ``protocol.*`` key: its type, default and bound (``"> 0"``, ``">= 0"`` or None,
     checked with the config's other bounds). The type and default must equal
-    ``pserver.config.ProtocolConfig``'s field (tested)."""
+    ``pserver.plan.config.ProtocolConfig``'s field (tested)."""
 
     key: str  # the name in [protocol]
     type: type
@@ -84,10 +84,10 @@ class Strategy:
     checks: tuple[Check, ...] = ()
     layered: tuple[Param, ...] = ()
     # learners-only: every learner takes the same number of steps (SYNC, HYBRID: their
-    # allreduce needs every learner); False: free-running learners (pserver.lockstep)
+    # allreduce needs every learner); False: free-running learners (pserver.protocols.lockstep)
     lockstep: bool = False
     #: the shard block's arithmetic, by name (resolved by ``pserver.roles.shard_state``):
-    #: "" is ``pserver.shard_block.ShardBlock``
+    #: "" is ``pserver.protocols.shard_block.ShardBlock``
     shard_block: str = ""
     # the fewest learners it can run with (checked at start-up, when λ is known)
     min_learners: int = 1

@@ -1,8 +1,8 @@
 """BMUF and MA (Chen & Huo): τ local steps per learner, then the master's block update.
 
 ``bmuf``: each learner runs ``protocol.tau`` local steps with ``optim.rule`` from the global
-model (:mod:`pserver.local_rule`), pushes its model delta; the shards (the master) average the
-deltas into G(t) and apply block momentum (:mod:`pserver.block_momentum`, eqs. 2–6) with η =
+model (:mod:`pserver.optim.local_rule`), pushes its model delta; the shards (the master) average the
+deltas into G(t) and apply block momentum (:mod:`pserver.optim.block_momentum`, eqs. 2–6) with η =
 ``protocol.block_momentum`` (default 1 − 1/λ, eq. 10) and ζ = ``protocol.block_lr``; learners
 pull W_g(t): the Nesterov look-ahead (``protocol.nesterov = true``, NBM, the paper's
 recommendation) or W(t) (CBM). ``ma``: model averaging, η = 0 and ζ = 1.

@@ -2,7 +2,8 @@
 
 SYNC, HYBRID and ADPSGD keep the model on every learner and exchange gradients or weights
 among the learners (``pserver.comm.collectives``); the data server ends the run and the
-statistics server tests the learners' average model (``pserver.lockstep``). Their ranks are
+statistics server tests the learners' average model (``pserver.protocols.lockstep``). Their ranks
+are
 learners + the statistics server + the data server: ``cluster.servers`` must be 0 (0 when not
 given), and the keys that configure shards, trees or their transport mean nothing here, so a
 given one is refused (:func:`check_learners_only`).
@@ -13,7 +14,7 @@ from __future__ import annotations
 from pserver.errors import ConfigError
 from pserver.strategies.base import Config, Param, Ranks, Strategy
 
-#: The family's learner exchanges, by name (resolved to classes by ``pserver.cli``).
+#: The family's learner exchanges, by name (resolved to classes by ``pserver.job.cli``).
 ALLREDUCE = "allreduce"  # SYNC: sum the gradients, apply the average, every step
 ALLREDUCE_DELAYED = "allreduce-delayed"  # HYBRID: the same, one step late (in the comm engine)
 
@@ -25,7 +26,7 @@ THREADED = frozenset({ALLREDUCE_DELAYED, GOSSIP})
 RANKS = Ranks(servers=False)
 
 #: Keys shared by the lockstep strategies (SYNC, HYBRID). Their rate is α0 (IBM Fig. 3a: the
-#: average of the learners' local steps; ``pserver.local_update``); ``lr_policy`` is accepted
+#: average of the learners' local steps; ``pserver.optim.local_update``); ``lr_policy`` is accepted
 #: as "auto" or "none" so that a parameter-server config switches by ``protocol.name`` alone.
 LOCKSTEP_SHARED = (Param("lr_policy", str, "auto", help="learning-rate modulation by staleness"),)
 

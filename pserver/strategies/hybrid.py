@@ -1,7 +1,7 @@
 """HYBRID (IBM, Zhang et al., §3, Fig. 3): SYNC with the allreduce of step k running in the
 communication thread while step k+1's gradient is computed, so every gradient is applied one
 step late (staleness 1). The allreduce runs in a communication thread in every ``comm.mode``,
-which needs MPI_THREAD_MULTIPLE (``pserver.context.check_exchange_thread``)."""
+which needs MPI_THREAD_MULTIPLE (``pserver.runtime.context.check_exchange_thread``)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,17 @@
 """PP-ASGD (Sato et al. 2017) on the parameter-server strategies: ``protocol.predict = true``.
 
 Not a strategy of its own: any PS strategy whose gradients can be stale (async, softsync, SSP,
-PSP) may serve predicted weights f_S(w, M) instead of w (``pserver.prediction``, produced in
+PSP) may serve predicted weights f_S(w, M) instead of w (``pserver.optim.prediction``, produced in
 the shard block's ``serve`` hook). This is the family's check of the keys, run before training.
 """
 
 from __future__ import annotations
 
 from pserver.errors import ConfigError
-from pserver.prediction import RULES
+from pserver.optim.prediction import RULES
 from pserver.strategies.base import Config, Param, Strategy
 
-#: The keys (``Strategy.layered`` of every PS strategy; ``pserver.config.ProtocolConfig``).
+#: The keys (``Strategy.layered`` of every PS strategy; ``pserver.plan.config.ProtocolConfig``).
 PREDICT = (
     Param("predict", bool, False, help="serve predicted weights f_S(w, M) (PP-ASGD)"),
     Param("predict_steps", int, -1, help="S of f_S; -1: ⌊measured mean staleness⌋"),

@@ -1,0 +1,77 @@
+"""The data server's checkpoint under a lockstep strategy (SYNC, HYBRID): where the draws stand.
+
+A lockstep learner i gets draw kλ + i of the seeded stream as its k-th minibatch
+(``pserver.protocols.lockstep.LockstepDraws``), however the requests arrive, and each gets exactly
+its
+quota of S minibatches (``DataQuota``). At the cut (``pserver.roles.stop_vote``) every learner
+has computed on the same number c of minibatches (its goodbye says how many of this run's it
+computed on). The draws c·λ … D−1 (D: drawn so far) were taken from the stream but no learner
+computed on them: those waiting for a learner that has not asked yet, and those served but
+only prefetched (the last ones served to each learner, kept by the data server for the PS
+family's replay). They are saved in order, as the ``replay`` rows the PS family saves, with the
+sampler's state after draw D − 1; on resume they are the pending draws again, the quota counts
+c per learner, and learner i's next minibatch is draw c·λ + i, as in the uninterrupted run.
+
+Pure: no MPI (the data server's own structures in, arrays out).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pserver.ckpt.files import CheckpointError, State
+
+
+def computed_on(ds: Any) -> int:
+    """c: the minibatches every learner computed on (the same for all at a lockstep cut)."""
+    base = getattr(ds, "base_steps", 0)
+    counts = {base + n for n in ds.consumed.values()}
+    if len(counts) != 1 or len(ds.consumed) != len(ds.count):
+        raise CheckpointError(
+            f"the lockstep learners stopped at different steps ({sorted(counts)}): no "
+            "consistent cut to checkpoint"
+        )
+    return counts.pop()
+
+
+def left_over(ds: Any, c: int) -> list[np.ndarray]:
+    """The draws c·λ … D−1, in order (see the module docstring)."""
+    draws, lay = ds.draws, ds.ctx.layout
+    lam, base = draws.n_learners, getattr(ds, "base_steps", 0)
+    out = []
+    for n in range(c * lam, draws.drawn):
+        if n in draws.pending:
+            out.append(draws.pending[n])
+            continue
+        learner, k = n % lam, n // lam
+        rank = lay.learners[learner]
+        recent = ds.recent[rank]
+        j = (k - base) - (ds.count[rank] - len(recent))  # its place among the last served
+        if not 0 <= j < len(recent):
+            raise CheckpointError(f"draw {n} (learner {learner}'s minibatch {k}) is lost")
+        out.append(recent[j][1])
+    return out
+
+
+def draws_state(ds: Any) -> State:
+    """The data server's state at a lockstep cut (``ds``: a ``DataServer``)."""
+    c = computed_on(ds)
+    attrs, perm = ds.sampler.state()
+    left = left_over(ds, c)
+    batch = ds.ctx.cfg.data.batch_size
+    arrays = {"perm": perm, "replay": np.array(left, np.int64).reshape(len(left), batch)}
+    return State(arrays, {"role": "data", "sampler": attrs, "lockstep_steps": c})
+
+
+def restore_draws(ds: Any, state: State) -> None:
+    """Resume a lockstep stream: c minibatches served to each learner, the saved draws pending."""
+    ds.sampler.restore(state.attrs["sampler"], state.arrays["perm"])
+    c = int(state.attrs["lockstep_steps"])
+    draws = ds.draws
+    start = c * draws.n_learners
+    draws.pending = {start + j: np.array(row) for j, row in enumerate(state.arrays["replay"])}
+    draws.drawn = start + len(draws.pending)
+    ds.quota.served = dict.fromkeys(range(draws.n_learners), c)
+    ds.base_steps = c

@@ -1,0 +1,157 @@
+"""The checkpoint every rank writes when its role's loop has ended (run end or a signal).
+
+The cut: a learner stops at a step boundary (the run is over, or ``pserver.runtime.signals`` asked),
+delivers its pushes, collects the answers to its pull requests and says goodbye; a shard's loop
+ends once every learner said goodbye, so no gradient is on its way and every shard's state is
+that of the same moment for each learner. The data server ends when every learner's prefetcher
+said goodbye (with the count of minibatches it computed on), the statistics server when every
+rank did and its dump is published. Learners of SYNC, HYBRID, BMUF and MA stop at one step
+boundary or block start they vote on (``pserver.roles.stop_vote``): every allreduce and block
+round they started completes, and none is left waiting for a learner that stopped earlier.
+
+Then every rank writes its own file of generation g (``pserver.ckpt.files.write_state``: atomic)
+and reports to a non-blocking agreement (``startup.agree``, waited on with back-off); the
+statistics server's rank commits generation g (the ``LATEST`` manifest) only when every rank
+wrote its file, so a job killed at any moment keeps the previous generation valid.
+
+Exit status of every rank (docs/checkpoints.md): 0 the run is over and checkpointed (it can be
+continued for more epochs with ``--resume``); 75 (``signals.STOPPED``) stopped by a signal with
+its checkpoint committed: resume it; 74 a checkpoint that could not be written (a full disk):
+one line says why, and the previous generation stays the one to resume from. A periodic
+checkpoint (a learner ``paused``: the ``PAUSED`` bit, no signal) returns :data:`CONTINUE`
+instead, also when it could not be written (``pserver.ckpt.drivers.periodic`` goes on).
+
+Liveness: every rank reaches the agreement once its loop ended (the loops end as at any run's
+end); a rank that fails to write still reports (as a status), so none waits for it forever.
+Time bound after a signal: the learners' current step (one minibatch and its exchange), the
+answers to their last pulls, then one write of each rank's state (measured by
+scripts/bench_checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from pserver.ckpt.files import (
+    CheckpointError,
+    commit,
+    generation_dir,
+    latest,
+    rank_file,
+    write_state,
+)
+from pserver.ckpt.resume import checkpoint_dir, unsupported
+from pserver.plan.topology import Role
+from pserver.runtime.signals import STOPPED
+from pserver.runtime.startup import agree
+
+WRITE_FAILED, STOPPED_EARLY = 1, 2  # bits of a rank's report
+PAUSED = 4  # a learner paused for a periodic checkpoint (pserver.ckpt.drivers.periodic)
+NOT_WRITTEN = 74  # exit status when the checkpoint could not be written (EX_IOERR)
+CONTINUE = -1  # not an exit status: a periodic checkpoint was taken (or failed): train on
+
+
+def generation(ctx: Any) -> int:
+    """The generation this run writes: one past the one it resumed from, else one past what
+    the directory holds (a run with ``run.overwrite`` over an older one), else 1."""
+    if ctx.resume is not None:
+        return ctx.resume.manifest.generation + 1
+    try:
+        old = latest(checkpoint_dir(ctx.cfg.run.out_dir))
+    except CheckpointError:
+        old = None
+    return 1 if old is None else old.generation + 1
+
+
+def end_checkpoint(ctx: Any, world: Any, driver: Any, gen: int | None = None) -> int:
+    """Write this rank's state, agree, commit on the statistics rank; the exit status, or
+    :data:`CONTINUE` after a periodic checkpoint (a learner paused, none was signalled).
+    ``gen``: the generation to write (default :func:`generation`)."""
+    stopped = bool(getattr(driver, "stopped_early", False))
+    if unsupported(ctx.cfg) is not None:
+        return 0
+    root = checkpoint_dir(ctx.cfg.run.out_dir)
+    gen = generation(ctx) if gen is None else gen
+    started = time.perf_counter()
+    report, error, size = 0, None, 0
+    try:
+        size = save(driver, root, gen, ctx.rank)
+    except (CheckpointError, OSError) as e:
+        report, error = WRITE_FAILED, e
+    if stopped:
+        report |= STOPPED_EARLY
+    if getattr(driver, "paused", False):
+        report |= PAUSED
+    statuses = agree(world, report, ctx.waiter())
+    code = STOPPED if (statuses & STOPPED_EARLY).any() else 0
+    if code == 0 and (statuses & PAUSED).any():
+        code = CONTINUE
+    if error is not None and code == CONTINUE:
+        ctx.log.warning("rank %d: %s", ctx.rank, error)  # the statistics rank's line follows
+    elif error is not None:
+        print(f"pserver-run: error: rank {ctx.rank}: {error}", file=sys.stderr, flush=True)
+    failed = bool((statuses & WRITE_FAILED).any())
+    if failed and code == CONTINUE:
+        return periodic_not_written(ctx, gen, statuses)
+    if failed:
+        if ctx.role is Role.STATS:
+            print(
+                f"pserver-run: error: checkpoint generation {gen} not committed (ranks "
+                f"{[int(r) for r in (statuses & WRITE_FAILED).nonzero()[0]]} could not write "
+                "theirs); the previous checkpoint is kept",
+                file=sys.stderr,
+                flush=True,
+            )
+        return NOT_WRITTEN
+    ctx.log.debug("checkpoint generation %d: %d bytes written by this rank", gen, size)
+    if ctx.role is Role.STATS:
+        try:
+            state = driver.last_state
+            extra = {
+                "restarts": ctx.resume.restarts if ctx.resume is not None else 0,
+                "elapsed": state.attrs["elapsed"],
+                "stopped": code == STOPPED,
+                "periodic": code == CONTINUE,
+            }
+            commit(root, gen, ctx.layout.world_size, ctx.cfg.to_dict(), extra)
+        except CheckpointError as e:
+            if code == CONTINUE:
+                return periodic_not_written(ctx, gen, statuses, str(e))
+            print(f"pserver-run: error: {e}; the previous checkpoint is kept",
+                  file=sys.stderr, flush=True)
+            return NOT_WRITTEN
+        log_cost(ctx, root, gen, time.perf_counter() - started, code)
+    return code
+
+
+def log_cost(ctx: Any, root: Any, gen: int, seconds: float, code: int) -> None:
+    """One line per committed generation: its number, size and the seconds from this rank's
+    write to the commit (the slowest rank's write and the agreement included)."""
+    size = sum(p.stat().st_size for p in generation_dir(root, gen).glob("rank-*.h5"))
+    why = {STOPPED: " (stopped by a signal: resume with --resume)", CONTINUE: " (periodic)"}
+    ctx.log.info(
+        "checkpoint generation %d committed in %s: %d bytes, written in %.3f s%s",
+        gen, root, size, seconds, why.get(code, ""),
+    )
+
+
+def periodic_not_written(ctx: Any, gen: int, statuses: Any, why: str = "") -> int:
+    """A periodic checkpoint that some rank could not write (or the statistics rank could not
+    commit): one line, the previous generation stays ``LATEST``, training goes on."""
+    if ctx.role is Role.STATS:
+        ranks = [int(r) for r in (statuses & WRITE_FAILED).nonzero()[0]]
+        cause = why or f"ranks {ranks} could not write theirs"
+        print(
+            f"pserver-run: warning: periodic checkpoint generation {gen} not committed "
+            f"({cause}); the previous checkpoint is kept, training goes on",
+            file=sys.stderr, flush=True,
+        )
+    return CONTINUE
+
+
+def save(driver: Any, root: Any, gen: int, rank: int) -> int:
+    state = driver.state()
+    driver.last_state = state
+    return write_state(rank_file(root, gen, rank), state.arrays, state.attrs)

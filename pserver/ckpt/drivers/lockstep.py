@@ -1,0 +1,93 @@
+"""A SYNC or HYBRID learner's checkpoint: its model, its update rule's state, its counters.
+
+A lockstep learner owns the whole model (``pserver.roles.lockstep_model``): the weights, the
+update rule's state arrays (momentum's velocity, AdaGrad's sums), the version (averaged
+gradients applied), and the run plan's epoch counter. Every learner holds the same values (the
+``drift`` rows check it), and each writes its own file (the rank layout is checked on resume).
+
+The cut (``pserver.roles.stop_vote``): every learner stops at the same step boundary k, every
+allreduce it started has completed, and the data server keeps the draws no learner computed on
+(``pserver.ckpt.drivers.draws``). SYNC has applied the averages of steps 0 … k−1: its state is
+that of the uninterrupted run before step k.
+
+HYBRID (IBM Fig. 3) applies each average one step late: step k's gradient is computed on the
+model *before* step k−1's average lands. ``done()`` lands that last average at the run's end
+(the final model has every gradient applied), so the checkpoint keeps both: ``pre``, the model
+before the last landing, which step k computes on, and the state after it (weights, rule
+state, version, epoch counter), which the landing in step k's ``gradient()`` produces. On
+resume the learner computes on ``pre``, and where the uninterrupted run would land step k−1's
+average it takes the saved state after that landing instead: the same arithmetic, done once,
+its ``exchanges`` row and epoch-end test already in the dump. With λ = 1 both resume bit for
+bit (tests/test_mpi_ckfam.py).
+
+Pure of MPI: host copies through the backend (``to_host``, ``copy_from_host``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pserver.ckpt.files import CheckpointError, State
+
+
+def model_state(model: Any) -> State:
+    """``model``: a ``LockstepModel``; its weights, rule state, version and epoch counter."""
+    to_host = model.ctx.backend.to_host
+    arrays = {"w": to_host(model.w)}
+    for name, a in model.update.updater.state_arrays().items():
+        arrays[f"opt.{name}"] = to_host(a)
+    attrs = {"version": model.version, "next_epoch": model.plan.counter.next_epoch}
+    return State(arrays, attrs)
+
+
+def restore_model(model: Any, state: State) -> None:
+    copy_in = model.ctx.backend.copy_from_host
+    copy_in(state.arrays["w"], model.w)
+    for name, a in model.update.updater.state_arrays().items():
+        copy_in(state.arrays[f"opt.{name}"], a)
+    model.version = int(state.attrs["version"])
+    model.plan.counter.next_epoch = int(state.attrs["next_epoch"])
+
+
+class HybridCut:
+    """HYBRID's two models at the cut (see the module docstring)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.pre: np.ndarray | None = None  # the model before the last landing (host copy)
+        self.landed = False  # done() landed an average: ``pre`` differs from the final model
+        self.post: np.ndarray | None = None  # resumed: the weights after that landing
+
+    def before_last_landing(self, in_flight: bool) -> None:
+        """At ``done()``, before the last average lands: keep the model step k computes on."""
+        self.pre = np.array(self.model.ctx.backend.to_host(self.model.w), copy=True)
+        self.landed = in_flight
+
+    def state(self, steps: int) -> State:
+        if self.pre is None:  # the run ended before done() (cannot happen after run())
+            raise CheckpointError("HYBRID learner: no model before its last landing")
+        s = model_state(self.model)
+        attrs = {**s.attrs, "steps": steps, "landed": self.landed}
+        return State({**s.arrays, "pre": self.pre}, attrs)
+
+    def restore(self, state: State) -> int:
+        """Put the state after the last landing in, then the model before it in ``w``; the
+        steps taken. The next ``land()`` (:meth:`land_saved`) installs the saved landing."""
+        restore_model(self.model, state)
+        if state.attrs.get("landed"):
+            self.post = np.array(state.arrays["w"], copy=True)
+            self.model.ctx.backend.copy_from_host(state.arrays["pre"], self.model.w)
+            self.model.version -= 1  # step k's gradient was computed before that landing
+        return int(state.attrs["steps"])
+
+    def land_saved(self) -> bool:
+        """Resumed, where the landing of step k−1's average comes: install its saved result
+        (rows and tests of that landing are in the dump already). False when there is none."""
+        if self.post is None:
+            return False
+        self.model.ctx.backend.copy_from_host(self.post, self.model.w)
+        self.model.version += 1
+        self.post = None
+        return True

@@ -1,0 +1,241 @@
+"""Checkpoint files: every rank's state in its own HDF5 file, a generation committed by a manifest.
+
+Layout under ``RUN_DIR/checkpoint/``::
+
+    g000012/rank-00003.h5    rank 3's state at generation 12
+    LATEST                   JSON: generation, world size, time, config, per-rank checksums
+
+Writing a generation is two-phase. Each rank writes its file atomically (:func:`write_state`:
+a temporary file in the same directory, ``fsync``, ``os.replace``, ``fsync`` of the directory),
+and reports success; once every rank has, one rank replaces ``LATEST`` the same way
+(:func:`commit`). ``LATEST`` is the commit point: a job killed at any moment leaves either the
+old manifest, naming the previous complete generation, or the new one, naming a complete new
+generation. The previous generation's directory is removed only after the new ``LATEST`` is in
+place, so there is always one complete generation on disk once the first has been committed.
+A write that fails (a full disk, a quota) raises :class:`CheckpointError` with the reason,
+removes its temporary file and leaves the previous generation as it was.
+
+What a rank stores is its business (its role decides): named arrays and JSON attributes, never
+pickles. Every array carries a CRC-32 of its bytes, checked when it is read back, so a file
+that was truncated or bit-flipped after it was written is refused with the name of the array,
+not silently resumed from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from pserver.errors import PserverError
+
+FORMAT = 1  # bumped when the layout of a rank file or the manifest changes
+MANIFEST = "LATEST"
+TMP_SUFFIX = ".tmp"
+
+#: Config keys a resumed run may change (``--resume`` with overrides); every other key must
+#: equal the checkpointed run's. Schedules and lengths change what happens next, not what the
+#: saved state means; logging, progress and wait tuning change nothing in the arithmetic.
+MAY_CHANGE = frozenset({
+    "run.epochs", "run.log_level", "run.checkpoint_interval", "run.out_dir", "run.overwrite",
+    "run.blas_threads", "optim.lr_milestones", "optim.lr_gamma",
+    "stats.flush_interval", "stats.progress", "stats.test_every", "stats.buffer_rows",
+    "comm.stall_timeout", "comm.poll_min", "comm.poll_max", "comm.switch_interval",
+    "model.init_from",  # a resumed run's weights are its checkpoint's (pserver.ckpt.warm_start)
+})
+
+
+class CheckpointError(PserverError):
+    """A checkpoint that cannot be written, read or resumed from; the message says why."""
+
+
+@dataclass(frozen=True)
+class State:
+    """One rank's checkpointed state: named arrays and JSON-able attributes."""
+
+    arrays: dict[str, np.ndarray]
+    attrs: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What ``LATEST`` says: the committed generation and the run it belongs to."""
+
+    generation: int
+    world_size: int
+    time: float
+    config: dict[str, Any]
+    extra: dict[str, Any]
+
+
+def generation_dir(ckpt_dir: str | Path, generation: int) -> Path:
+    return Path(ckpt_dir) / f"g{generation:06d}"
+
+
+def rank_file(ckpt_dir: str | Path, generation: int, rank: int) -> Path:
+    return generation_dir(ckpt_dir, generation) / f"rank-{rank:05d}.h5"
+
+
+def _fsync_dir(path: Path) -> None:
+    # the rename is durable only once the directory entry is: fsync the directory itself
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _checksum(a: np.ndarray) -> int:
+    return zlib.crc32(np.ascontiguousarray(a).view(np.uint8).reshape(-1).data)
+
+
+def _atomic(path: Path, write: Any) -> None:
+    """Call ``write(tmp_path)``, fsync the result and rename it to ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    try:
+        write(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        reason = e.strerror or str(e)
+        raise CheckpointError(f"cannot write checkpoint {path}: {reason}") from None
+
+
+def write_state(path: str | Path, arrays: Mapping[str, Any], attrs: Mapping[str, Any]) -> int:
+    """Write one rank's state atomically; return the file's size in bytes.
+
+    ``arrays``: host arrays (copy device arrays to the host first); ``attrs``: JSON-able
+    values. Raises :class:`CheckpointError` if the file cannot be written; ``path`` then still
+    holds whatever it held before.
+    """
+    host = {name: np.asarray(a) for name, a in arrays.items()}
+    text = json.dumps(dict(attrs), sort_keys=True)  # fails here, before any file, if not JSON
+
+    def write(tmp: Path) -> None:
+        with h5py.File(tmp, "w") as f:
+            f.attrs["format"] = FORMAT
+            f.attrs["attrs"] = text
+            for name, a in host.items():
+                d = f.create_dataset(name, data=a)
+                d.attrs["crc32"] = _checksum(a)
+
+    target = Path(path)
+    _atomic(target, write)
+    return target.stat().st_size
+
+
+def read_state(path: str | Path) -> State:
+    """Read and verify one rank's state; :class:`CheckpointError` names what is wrong."""
+    try:
+        with h5py.File(path, "r") as f:
+            if int(f.attrs.get("format", -1)) != FORMAT:
+                raise CheckpointError(
+                    f"checkpoint {path}: format {f.attrs.get('format')!r}, this pserver reads "
+                    f"format {FORMAT}"
+                )
+            attrs = json.loads(str(f.attrs["attrs"]))
+            arrays = {}
+            for name, d in f.items():
+                a = d[()]
+                if _checksum(np.asarray(a)) != int(d.attrs["crc32"]):
+                    raise CheckpointError(
+                        f"checkpoint {path}: array {name!r} is corrupt (checksum mismatch)"
+                    )
+                arrays[name] = np.asarray(a)
+    except CheckpointError:
+        raise
+    except (OSError, KeyError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {path} cannot be read: {e}") from None
+    return State(arrays, attrs)
+
+
+def commit(
+    ckpt_dir: str | Path,
+    generation: int,
+    world_size: int,
+    config: Mapping[str, Any],
+    extra: Mapping[str, Any] | None = None,
+) -> None:
+    """Make ``generation`` the one to resume from, then remove the older generations.
+
+    Call only once every rank's file of ``generation`` is written (the caller's agreement).
+    Newer generations' directories (being written, or left by a run killed later) stay.
+    """
+    root = Path(ckpt_dir)
+    missing = [r for r in range(world_size) if not rank_file(root, generation, r).is_file()]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint generation {generation} lacks the files of ranks {missing[:8]}"
+        )
+    body = {
+        "format": FORMAT, "generation": generation, "world_size": world_size,
+        "time": time.time(), "config": dict(config), "extra": dict(extra or {}),
+    }
+    text = json.dumps(body, sort_keys=True, indent=1)
+    _atomic(root / MANIFEST, lambda tmp: tmp.write_text(text))
+    for old in root.glob("g[0-9]*"):
+        # only older ones: with periodic checkpoints the ranks may already be writing the
+        # next generation while this one is committed (pserver.ckpt.drivers.periodic)
+        if old.is_dir() and old.name[1:].isdigit() and int(old.name[1:]) < generation:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def latest(ckpt_dir: str | Path) -> Manifest | None:
+    """The committed generation, or None when nothing was ever committed."""
+    path = Path(ckpt_dir) / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        body = json.loads(path.read_text())
+        if body.get("format") != FORMAT:
+            raise CheckpointError(
+                f"{path}: format {body.get('format')!r}, this pserver reads format {FORMAT}"
+            )
+        return Manifest(
+            int(body["generation"]), int(body["world_size"]), float(body["time"]),
+            dict(body["config"]), dict(body.get("extra", {})),
+        )
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{path} cannot be read: {e}") from None
+
+
+def flatten(config: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """``{"run": {"epochs": 3}}`` -> ``{"run.epochs": 3}``."""
+    return {f"{s}.{k}": v for s, keys in config.items() for k, v in keys.items()}
+
+
+def check_compatible(
+    saved: Mapping[str, Mapping[str, Any]], new: Mapping[str, Mapping[str, Any]]
+) -> None:
+    """Refuse a resume whose config changes a key outside :data:`MAY_CHANGE`.
+
+    ``saved``, ``new``: ``Config.to_dict()`` of the checkpointed and the resuming run.
+    """
+    old, now = flatten(saved), flatten(new)
+    changed = sorted(k for k in old.keys() | now.keys() if old.get(k) != now.get(k))
+    refused = [k for k in changed if k not in MAY_CHANGE]
+    if refused:
+        shown = ", ".join(f"{k} ({old.get(k)!r} -> {now.get(k)!r})" for k in refused[:4])
+        more = f" and {len(refused) - 4} more" if len(refused) > 4 else ""
+        raise CheckpointError(
+            f"--resume: the config differs from the checkpointed run's in {shown}{more}; "
+            f"a resumed run may change only {', '.join(sorted(MAY_CHANGE))}"
+        )

@@ -1,0 +1,78 @@
+"""ADPSGD's checkpoint, pure: what a learner saves, where the epoch averages are cut, and the
+check of a learner's saved state before training (no MPI; the roles' side is
+``pserver.ckpt.drivers.gossip``).
+
+A learner's state (its file's ``exchange.*`` arrays and ``exchange`` attributes, written by
+the trainer, ``pserver.roles.trainer``): its model ``w``, its update rule's state arrays
+(``opt.velocity``, ``opt.sum_sq``: the parameter-server path's, ``pserver.optim.local_update``), its
+vector clock (its own step count and the latest step of every learner mixed into its model),
+the index ``k`` of its next exchange (a sender alternates left and right neighbour by ``k``:
+the ring's schedule has no random number generator) and the first epoch whose average it has
+not joined yet (``next_epoch``, the same on every learner at the cut).
+
+The cut of the epoch averages (``pserver.roles.gossip_model``): free-running learners end
+epochs at different steps, and each joins the e-th allreduce of the models when its own count
+ends epoch e. At the end of a run every learner tells the others (one small allreduce, MAX)
+whether it was stopped by a signal and the last epoch it has joined or queued
+(:func:`owed`); if any was stopped (:func:`agreed_cut`), every learner joins the averages up
+to the largest such epoch K (with its model at the cut, as a straggler does) and no more, and
+the resumed run's averages start at K + 1 (the final model's average is left to the run that
+reaches the last epoch); if none was, the run ends as it always did.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from pserver.ckpt.files import CheckpointError, State
+
+W = "w"  # the learner's model
+OPT = "opt."  # prefix of the update rule's state arrays
+ATTRS = ("clock", "k", "exchanged", "next_epoch")
+
+
+def owed(next_epoch: int, last_epoch: int) -> int:
+    """The last epoch (< the run's last) whose average this learner has joined or queued;
+    ``next_epoch`` is its epoch counter's first epoch not yet ended."""
+    return min(next_epoch - 1, last_epoch - 1)
+
+
+def agreed_cut(reduced: tuple[int, int]) -> tuple[bool, int]:
+    """From the learners' MAX-reduced ``(stopped, owed)``: whether the run was stopped (by any
+    learner) and the last epoch every learner joins the average of."""
+    return bool(reduced[0]), int(reduced[1])
+
+
+def minibatches_to(epoch: int, train_size: int, batch: int) -> int:
+    """The smallest minibatch count that ends ``epoch`` (the epoch counter's unit)."""
+    return math.ceil(epoch * train_size / batch)
+
+
+def check_learner(
+    state: State, n_params: int, dtype: Any, opt_names: list[str], n_learners: int, where: str
+) -> None:
+    """Refuse, before training, an ADPSGD learner's saved state that this run cannot use."""
+    attrs = state.attrs.get("exchange", {})
+    missing = [k for k in ATTRS if k not in attrs]
+    if missing:
+        raise CheckpointError(
+            f"{where}: the checkpoint lacks this ADPSGD learner's {', '.join(missing)}"
+        )
+    if len(attrs["clock"]) != n_learners:
+        raise CheckpointError(
+            f"{where}: the saved vector clock has {len(attrs['clock'])} learners, this run "
+            f"has {n_learners}"
+        )
+    dtype = np.dtype(dtype)
+    for name in [W, *(OPT + n for n in opt_names)]:
+        a = state.arrays.get(f"exchange.{name}")
+        if a is None:
+            raise CheckpointError(f"{where}: the checkpoint lacks 'exchange.{name}'")
+        if tuple(a.shape) != (n_params,) or a.dtype != dtype:
+            raise CheckpointError(
+                f"{where}: 'exchange.{name}' is {a.dtype}{list(a.shape)} in the checkpoint, "
+                f"this run needs {dtype}[{n_params}] (the model changed)"
+            )

@@ -1,0 +1,146 @@
+"""The overlapped learner's pipeline in a checkpoint (``comm.mode`` thread | nonblocking).
+
+An :class:`~pserver.roles.overlap.OverlapExchange` computes on a compute copy while its next
+pull is in flight, so what its next minibatch computes on is not the shards' model but
+
+* the compute copy ``w`` and the timestamps of its blocks (``have``),
+* the answers that arrived in the communication buffer but are not installed yet (``comm``,
+  ``arrived``, ``current``): at a cut the learner has collected the answers to its last pull
+  requests (``OverlapExchange.done``), so no request is outstanding,
+* the in-flight window's counts (``pushed``, ``covered``, ``acked``, ``answered``:
+  :mod:`pserver.protocols.inflight`), which decide whether the next minibatch waits for such an
+  answer,
+* at a run's end, the pushes its shards dropped because they had stopped (async and
+  n-softsync: the learner computes one more minibatch while the request that brings STOP
+  travels, ``pserver.roles.server`` counts it in ``dropped_after_stop``). A shard reads a
+  learner's headers in order and answers a request of any age at once (``oldest = 0``), so a
+  push sent after the request a shard answered STOP reached it after its stop: dropped. The
+  two gradient buffers still hold the last two pushes; these are saved with the timestamps
+  they were pushed with (``drop{j}``).
+
+Resume: the same state is put back, the requests answered STOP are sent again where they were
+(before the dropped pushes they preceded), the dropped pushes are sent again
+(``pserver.ckpt.drivers.overlap.resend``), and the next
+minibatch follows the uninterrupted run's arithmetic: it installs the answer the uninterrupted
+run would have installed and computes on the same copy. With λ = 1 the resumed run's weights
+equal the uninterrupted run's bit for bit (tests/test_mpi_ckpt_overlap.py). Liveness is that of
+the uninterrupted run at the same point (``pserver.protocols.inflight``, point 2): every live block
+has an
+answer not installed, a request sent again, or a request covering every push.
+
+Limit: more than two dropped pushes per block (``comm.max_inflight`` > 3 with λ = 1) are not
+in the gradient buffers any more; the older ones are not sent again (docs/checkpoints.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pserver.ckpt.files import CheckpointError, State
+
+PIPELINE = 1  # format of the pipeline attributes
+
+
+def _ints(d: dict[Any, Any]) -> dict[str, int]:
+    return {str(k): int(v) for k, v in d.items()}
+
+
+def _keys(d: dict[str, Any]) -> dict[int, int]:
+    return {int(k): int(v) for k, v in d.items()}
+
+
+def dropped_pushes(ex: Any) -> list[tuple[int, dict[int, int]]]:
+    """(push number, {block: timestamp pushed with}) of the pushes the shards dropped at their
+    stop, oldest first; only those still in the two gradient buffers (see the module)."""
+    w = ex.window
+    if w is None:  # hardsync, PSP: a learner waits for every answer, nothing follows a STOP
+        return []
+    out = []
+    for p, sent in ex.recent:
+        lost = {b: ts for b, ts in sent.items() if b in w.stopped and p >= w.covered[b]}
+        if lost:
+            out.append((p, lost))
+    return out
+
+
+def pipeline_state(ex: Any) -> State:
+    """The exchange's pipeline as arrays and JSON-able attributes."""
+    host = ex.ctx.backend.to_host
+    arrays: dict[str, np.ndarray] = {"w": host(ex.link.w).copy()}
+    if ex.arrived:
+        arrays["comm"] = host(ex.link.w_comm).copy()
+    drops = []
+    for j, (p, lost) in enumerate(dropped_pushes(ex)):
+        arrays[f"drop{j}"] = host(ex.grads[p % 2]).copy()
+        drops.append({"push": p, "ts": _ints(lost)})
+    attrs: dict[str, Any] = {
+        "steps": ex.steps,
+        "pipeline": PIPELINE,
+        "have": _ints(ex.have),
+        "arrived": _ints(ex.arrived),
+        "current": sorted(ex.current),
+        "stopped": sorted(ex.stopped),
+        "drops": drops,
+    }
+    w = ex.window
+    if w is not None:
+        attrs["window"] = {
+            "pushed": w.pushed,
+            "covered": _ints(w.covered),
+            "acked": _ints(w.acked),
+            "answered": _ints(w.answered),
+        }
+    return State(arrays, attrs)
+
+
+def restore_pipeline(ex: Any, state: State) -> None:
+    """Put the pipeline back; ``ex.replay`` gets what ``resend`` sends before the first
+    minibatch (the requests answered STOP and the dropped pushes)."""
+    a = state.attrs
+    copy_in = ex.ctx.backend.copy_from_host
+    copy_in(state.arrays["w"], ex.link.w)
+    ex.arrived.update(_keys(a["arrived"]))
+    if ex.arrived:
+        copy_in(state.arrays["comm"], ex.link.w_comm)
+    ex.current.update(int(b) for b in a["current"])
+    ex.have.update(_keys(a["have"]))
+    w = ex.window
+    if w is not None and "window" in a:
+        s = a["window"]
+        w.pushed = int(s["pushed"])
+        w.covered.update(_keys(s["covered"]))
+        w.acked.update(_keys(s["acked"]))
+        w.answered.update(_keys(s["answered"]))
+    drops = [
+        (int(d["push"]), _keys(d["ts"]), state.arrays[f"drop{j}"])
+        for j, d in enumerate(a.get("drops", []))
+    ]
+    ex.replay = ([int(b) for b in a.get("stopped", [])], drops)
+
+
+def check_pipeline(
+    state: State, n_params: int, dtype: Any, blocks: list[int], where: str
+) -> None:
+    """Refuse, before training, an overlapped learner's state that does not fit this run."""
+    a = state.attrs.get("exchange", {})
+    if "pipeline" not in a:
+        return  # an older checkpoint: the first minibatch waits for the shards' model
+    names = ["w", *(["comm"] if a.get("arrived") else [])]
+    names += [f"drop{j}" for j in range(len(a.get("drops", [])))]
+    dtype = np.dtype(dtype)
+    for name in names:
+        x = state.arrays.get(f"exchange.{name}")
+        if x is None:
+            raise CheckpointError(f"{where}: the checkpoint lacks 'exchange.{name}'")
+        if tuple(x.shape) != (n_params,) or x.dtype != dtype:
+            raise CheckpointError(
+                f"{where}: 'exchange.{name}' is {x.dtype}{list(x.shape)} in the checkpoint, "
+                f"this run needs {dtype}[{n_params}] (the model changed)"
+            )
+    if sorted(int(b) for b in a.get("have", {})) != sorted(blocks):
+        raise CheckpointError(
+            f"{where}: the learner held blocks {sorted(int(b) for b in a.get('have', {}))}, "
+            f"this run has blocks {sorted(blocks)} (blocks.count changed)"
+        )

@@ -1,0 +1,251 @@
+"""What a checkpoint supports, and ``--resume RUN_DIR``: read and check it before training.
+
+Checkpoints cover the flat parameter-server family (hardsync, n-softsync, async, SSP, PSP; one
+or more shards, ``comm.mode`` blocking, thread or nonblocking, messages or shm transport: what
+lives in the shared window and why none of it needs saving, ``pserver.ckpt.drivers.shm``) with or
+without PP-ASGD's prediction layer (``protocol.predict``: the shards save their predictors,
+``pserver.ckpt.records.prediction``), the lockstep strategies of the collective family (SYNC,
+HYBRID:
+``pserver.ckpt.drivers.lockstep``, ``pserver.ckpt.drivers.draws``), its gossip strategy ADPSGD
+(the learners save their models, optimizer state and clocks, ``pserver.ckpt.drivers.gossip``)
+and the model-averaging family (BMUF, MA: the shards' W and Δ, learners stopped at a block's
+start; either transport); the parameter-server family also with Rudra-adv's aggregator tree
+and the learner broadcast tree (``pserver.ckpt.drivers.aggregator``, ``pserver.roles.bcast``: the
+cut drains them, the fan-outs must not change on resume), and with partial pulling and the
+iteration rule (``protocol.pull_fraction < 1``, ``protocol.pull_timestamp = "iteration"``:
+``pserver.ckpt.records.partial_pull``). Lockstep and block learners stop on a signal at one boundary
+they agree on (``pserver.roles.stop_vote``); ADPSGD's free-running learners each stop at their
+own step boundary and complete their exchanges with goodbyes. A strategy of a new family is
+refused by :func:`unsupported`'s one line when a checkpoint is asked for (``--resume``), and
+such a run ends a SIGTERM at once, without a checkpoint (the signal's default action), until
+its roles have ``state()`` / ``restore()`` (see ``pserver.ckpt.drivers.end``) and it is listed
+in ``FAMILIES`` (and not in ``NOT_YET``).
+
+:func:`open_resume` runs inside ``prepare`` on every rank, so any problem (no checkpoint, a
+corrupt or truncated file, another rank count, a config that changed a key outside
+``checkpoint.MAY_CHANGE``, arrays of other shapes or dtypes) is one ``pserver-run: error:``
+line and exit status 2 through the start-up agreement (``pserver.runtime.startup``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pserver.ckpt.files import (
+    CheckpointError,
+    Manifest,
+    State,
+    check_compatible,
+    latest,
+    rank_file,
+)
+from pserver.ckpt.records.gossip import check_learner
+from pserver.ckpt.records.partial_pull import check_learner as check_copies
+from pserver.ckpt.records.partial_pull import keeps_copies
+from pserver.ckpt.records.pipeline import check_pipeline
+from pserver.ckpt.records.prediction import check_predictor
+from pserver.plan.config import Config
+from pserver.strategies import lookup
+from pserver.strategies.base import COLLECTIVE, MODEL_AVERAGING, PARAMETER_SERVER
+
+CKPT_DIR = "checkpoint"
+# families whose every role has state()/restore()
+FAMILIES = frozenset({PARAMETER_SERVER, COLLECTIVE, MODEL_AVERAGING})
+#: strategies of those families whose learners do not have them yet (none since ADPSGD's
+#: learners got theirs, pserver.ckpt.drivers.gossip)
+NOT_YET: frozenset[str] = frozenset()
+
+
+def checkpoint_dir(out_dir: str | Path) -> Path:
+    return Path(out_dir) / CKPT_DIR
+
+
+def unsupported(cfg: Config) -> str | None:
+    """Why this config cannot be checkpointed (None when it can)."""
+    strategy = lookup(cfg.protocol.name)
+    if strategy.family not in FAMILIES or strategy.name in NOT_YET:
+        return f"protocol.name = {cfg.protocol.name!r} ({strategy.family} family)"
+    return None
+
+
+def refuse_unsupported(cfg: Config, what: str) -> None:
+    why = unsupported(cfg)
+    if why is not None:
+        raise CheckpointError(
+            f"{what}: checkpoints are not supported with {why}; they cover the "
+            "parameter-server strategies (hardsync, softsync, async, ssp, psp, with or without "
+            "protocol.predict, with or without trees or partial pulling, either transport), "
+            "sync, hybrid, adpsgd, bmuf and ma (docs/checkpoints.md)"
+        )
+
+
+#: strategies that checkpoint at their end and on a signal, but cannot pause mid-run
+NO_PAUSE = frozenset({"adpsgd"})  # its learners run free: no vote says where all pause
+
+
+def refuse_periodic(cfg: Config) -> None:
+    """``run.checkpoint_interval > 0``: refused as ``--resume`` is, and for :data:`NO_PAUSE`."""
+    what = f"run.checkpoint_interval = {cfg.run.checkpoint_interval}"
+    refuse_unsupported(cfg, what)
+    if cfg.protocol.name in NO_PAUSE:
+        raise CheckpointError(
+            f"{what}: periodic checkpoints are not supported with protocol.name = "
+            f"{cfg.protocol.name!r} (its learners pause at no common point); it checkpoints "
+            "at its end and on SIGTERM (docs/checkpoints.md)"
+        )
+
+
+TREES = {"tree_fanout": "aggregator tree", "bcast_fanout": "learner broadcast tree"}
+
+
+def check_trees(saved: dict[str, Any], cfg: Config, run_dir: str) -> None:
+    """The trees' fan-outs place the ranks (``pserver.plan.topology``): a resumed run keeps them.
+    Checked before the rank count, which a changed aggregator tree changes too."""
+    for key, tree in TREES.items():
+        old, now = saved.get("cluster", {}).get(key, 0), getattr(cfg.cluster, key)
+        if old != now:
+            raise CheckpointError(
+                f"--resume {run_dir}: the checkpoint was written with cluster.{key} = {old} "
+                f"({tree}), this run has {now}: the rank layout would change; resume with "
+                f"cluster.{key}={old}"
+            )
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The checkpoint a rank resumes from: the manifest and its own state."""
+
+    run_dir: Path
+    manifest: Manifest
+    state: State
+    # a periodic checkpoint's own run going on in process (pserver.ckpt.drivers.periodic): the
+    # same job, so no restart is counted
+    continued: bool = False
+
+    @property
+    def restarts(self) -> int:
+        return int(self.manifest.extra.get("restarts", 0)) + (0 if self.continued else 1)
+
+    @property
+    def elapsed(self) -> float:
+        return float(self.manifest.extra.get("elapsed", 0.0))
+
+
+def open_resume(run_dir: str, cfg: Config, world_size: int, rank: int, role: str) -> Resume:
+    """Read and check this rank's part of the checkpoint in ``run_dir`` (every rank)."""
+    refuse_unsupported(cfg, f"--resume {run_dir}")
+    ckpt = checkpoint_dir(run_dir)
+    manifest = latest(ckpt)
+    if manifest is None:
+        raise CheckpointError(
+            f"--resume {run_dir}: no checkpoint there ({ckpt / 'LATEST'} does not exist)"
+        )
+    check_trees(manifest.config, cfg, run_dir)
+    if manifest.world_size != world_size:
+        raise CheckpointError(
+            f"--resume {run_dir}: the checkpoint was written by {manifest.world_size} ranks, "
+            f"this job has {world_size}: launch it with mpiexec -n {manifest.world_size}"
+        )
+    check_compatible(manifest.config, cfg.to_dict())
+    path = rank_file(ckpt, manifest.generation, rank)
+    if not path.is_file():
+        raise CheckpointError(f"--resume {run_dir}: {path} is missing")
+    from pserver.ckpt.files import read_state
+
+    state = read_state(path)
+    saved_role = state.attrs.get("role")
+    if saved_role != role:
+        raise CheckpointError(
+            f"--resume {run_dir}: rank {rank} was a {saved_role} in the checkpointed run, "
+            f"it is a {role} now: the rank layout changed"
+        )
+    return Resume(Path(run_dir), manifest, state)
+
+
+def expect(state: State, name: str, shape: tuple[int, ...], dtype: Any, where: str) -> Any:
+    """The array ``name`` of ``state``, refused unless it has ``shape`` and ``dtype``."""
+    a = state.arrays.get(name)
+    if a is None:
+        raise CheckpointError(f"{where}: the checkpoint lacks {name!r}")
+    if tuple(a.shape) != tuple(shape) or str(a.dtype) != str(dtype):
+        raise CheckpointError(
+            f"{where}: {name!r} is {a.dtype}{list(a.shape)} in the checkpoint, this run needs "
+            f"{dtype}{list(shape)} (the model or the data changed)"
+        )
+    return a
+
+
+def check_state(ctx: Any) -> None:
+    """Refuse, before training, a rank state that does not fit this run's model and data."""
+    import numpy as np
+
+    from pserver.optim.rules import make_updater
+    from pserver.plan.topology import Role
+
+    state, where = ctx.resume.state, f"--resume {ctx.resume.run_dir} (rank {ctx.rank})"
+    role = ctx.role
+    if role is Role.SERVER:
+        dtype = np.dtype(ctx.model.dtype)
+        names = make_updater(ctx.cfg.optim, 1, np, dtype).state_arrays()
+        if lookup(ctx.cfg.protocol.name).shard_block:  # BMUF's master keeps Δ, no optimizer
+            names = {"delta": None}
+        for b in ctx.blocks_of(ctx.layout.index(ctx.rank)):
+            expect(state, f"w{b.index}", (b.size,), dtype, where)
+            for name in names:
+                expect(state, f"opt{b.index}.{name}", (b.size,), dtype, where)
+            if str(b.index) not in state.attrs.get("blocks", {}):
+                raise CheckpointError(f"{where}: the checkpoint lacks block {b.index}'s state")
+            if ctx.cfg.protocol.predict:  # PP-ASGD's predictor (pserver.ckpt.records.prediction)
+                check_predictor(ctx.cfg, state, b, where)
+    elif role is Role.DATA:
+        sampler = state.attrs.get("sampler", {})
+        batch, n = ctx.cfg.data.batch_size, ctx.train_size
+        if (sampler.get("n"), sampler.get("batch_size")) != (n, batch):
+            raise CheckpointError(
+                f"{where}: the data stream was of {sampler.get('n')} samples in batches of "
+                f"{sampler.get('batch_size')}, this run has {n} in batches of {batch}"
+            )
+        replay = state.arrays.get("replay")
+        if replay is None or replay.ndim != 2 or replay.shape[1] != batch:
+            raise CheckpointError(f"{where}: the replayed minibatches are missing or malformed")
+    elif role is Role.LEARNER and lookup(ctx.cfg.protocol.name).lockstep:
+        # SYNC, HYBRID: the learner's model (pserver.ckpt.drivers.lockstep)
+        dtype = np.dtype(ctx.model.dtype)
+        rule = make_updater(ctx.cfg.optim, 1, np, dtype).state_arrays()
+        names = ["w", *(f"opt.{k}" for k in rule)]
+        if ctx.cfg.protocol.name == "hybrid":
+            names.append("pre")
+        for name in names:
+            expect(state, f"exchange.{name}", (ctx.model.n_params,), dtype, where)
+    elif role is Role.AGGREGATOR:  # the tree placed by node (pserver.plan.topology.tree_layout)
+        saved = state.attrs.get("children")
+        now = sorted(ctx.layout.children(ctx.rank))
+        if saved is not None and list(saved) != now:
+            raise CheckpointError(
+                f"{where}: this aggregator's children were ranks {list(saved)}, they are {now} "
+                "now: the aggregator tree was laid out on other nodes; resume on the same hosts"
+            )
+    elif role is Role.STATS and not ctx.dump_path.is_file():
+        raise CheckpointError(f"{where}: the dump {ctx.dump_path} to continue is missing")
+    if (
+        role is Role.LEARNER
+        and lookup(ctx.cfg.protocol.name).family == PARAMETER_SERVER
+        and ctx.cfg.comm.mode != "blocking"
+    ):  # the overlapped learner's pipeline (pserver.ckpt.records.pipeline)
+        blocks = [b.index for b in ctx.blocks]
+        check_pipeline(state, ctx.model.n_params, np.dtype(ctx.model.dtype), blocks, where)
+    if (
+        role is Role.LEARNER
+        and lookup(ctx.cfg.protocol.name).family == PARAMETER_SERVER
+        and ctx.cfg.comm.mode == "blocking"
+        and keeps_copies(ctx.cfg)
+    ):  # partial pulling: the copies and the iteration tag (pserver.ckpt.records.partial_pull)
+        blocks = [b.index for b in ctx.blocks]
+        check_copies(state, ctx.model.n_params, np.dtype(ctx.model.dtype), blocks, where)
+    if role is Role.LEARNER and ctx.cfg.protocol.name == "adpsgd":  # pserver.ckpt.records.gossip
+        dtype = np.dtype(ctx.model.dtype)
+        names = list(make_updater(ctx.cfg.optim, 1, np, dtype).state_arrays())
+        learners = len(ctx.layout.learners)
+        check_learner(state, ctx.model.n_params, dtype, names, learners, where)

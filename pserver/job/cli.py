@@ -1,0 +1,330 @@
+"""``pserver-run CONFIG.toml [section.key=value ...]``: what every rank runs under mpiexec.
+
+Start-up is two-phase: every rank validates everything (config, rank count, dataset, output
+directory, memory) and the ranks agree on the outcome before anyone trains (``startup.agree``),
+so bad input ends the job with one message and exit code 2 on every rank, and any other failure
+while preparing with one message naming the rank and exit code 1. After that, an exception on
+any rank aborts the whole job with a message naming the rank and host: never a hang.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import time
+import traceback
+from dataclasses import asdict
+from typing import IO
+
+from pserver import __version__
+from pserver.comm.waiting import PeerLog, Waiter
+from pserver.errors import PeerLost, RunError
+from pserver.job.launchcheck import lone_rank
+from pserver.plan.config import CommConfig, load_config
+from pserver.plan.config import warnings as config_warnings
+from pserver.plan.topology import Role
+from pserver.runtime.logs import setup_logging, wait_until_read
+from pserver.runtime.rundir import run_id
+from pserver.runtime.startup import agree, failure_message, outcome, status_of
+from pserver.strategies import LOCAL_STEPS, PS, PS_OVERLAP, lookup
+from pserver.strategies.adpsgd import GOSSIP
+from pserver.strategies.collective import ALLREDUCE, ALLREDUCE_DELAYED
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser that prints (usage, errors, --help, --version) on one rank only:
+    every rank parses the same command line and exits the same way, so the launcher would
+    otherwise print each message once per rank."""
+
+    quiet = False
+
+    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+        if not self.quiet:
+            super()._print_message(message, file)
+
+
+def parse_args(argv: list[str] | None, rank: int = 0) -> argparse.Namespace:
+    p = Parser(
+        prog="pserver-run",
+        description="Run one rank of a pserver job; launch every rank with mpiexec -n N.",
+        epilog="example: mpiexec -n 7 pserver-run examples/quickstart.toml protocol.name=softsync",
+    )
+    p.quiet = rank != 0
+    p.add_argument("config", help="TOML config file (docs/config.md lists every key)")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="section.key=value",
+        help="override a config value; values are TOML (numbers, true, [1, 2], ...)",
+    )
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the run whose dump and checkpoint/ are in RUN_DIR (docs/checkpoints.md)",
+    )
+    p.add_argument("--version", action="version", version=f"pserver {__version__}")
+    args = p.parse_intermixed_args(argv)  # CONFIG --resume DIR key=value: any order
+    if args.resume is not None:  # the dump continues in place, next to the checkpoint
+        args.overrides = [*args.overrides, f"run.out_dir={json.dumps(args.resume)}",
+                          "run.overwrite=true"]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    lone = lone_rank(size)  # srun without --mpi: N worlds of 1; say so once, not N times
+    args = parse_args(argv, rank if lone is None else int(not lone[1]))
+    if lone is not None:
+        if lone[1]:
+            print(f"pserver-run: error: {lone[0]}", file=sys.stderr, flush=True)
+        return 2
+    from pserver.comm.collectives import learner_comm
+    from pserver.runtime.context import learner_ranks, local_rank, prepare
+
+    local, nodes, roster = local_rank(world)  # collective: before anything may fail on one rank
+    # one run id for every rank (its run directory, pserver.runtime.rundir): rank 0's, collectively
+    rid = world.bcast(run_id() if rank == 0 else None, root=0)
+    learners = learner_comm(world, learner_ranks(args.config, args.overrides, size, nodes))
+    peers = PeerLog(roster)
+    log = setup_logging(rank, "starting")
+    ctx, error, comm = None, None, CommConfig()
+    try:
+        cfg = load_config(args.config, args.overrides)
+        comm = cfg.comm
+        log = setup_logging(rank, "starting", cfg.run.log_level)
+        for line in config_warnings(cfg) if rank == 0 else ():  # once per run
+            log.warning("%s", line)
+        ctx = prepare(cfg, size, rank, log, local, nodes, peers, rid=rid)
+        ctx.learner_comm = learners
+        ctx.hosts = [p.host for p in roster.procs]
+        if args.resume is not None:
+            from pserver.ckpt.resume import check_state, open_resume
+
+            ctx.resume = open_resume(args.resume, cfg, size, rank, ctx.role.value)
+            check_state(ctx)
+        if cfg.model.init_from and args.resume is None:  # a resume's w0 is its checkpoint's
+            from pserver.ckpt.warm_start import load_initial_weights
+
+            ctx.w0 = load_initial_weights(
+                cfg.model.init_from, asdict(cfg.model), ctx.model.n_params, ctx.model.dtype
+            )
+        if cfg.run.checkpoint_interval > 0:  # periodic checkpoints: refused as --resume is
+            from pserver.ckpt.resume import refuse_periodic
+
+            refuse_periodic(cfg)
+    except BaseException as e:  # every failure must reach the agreement, or the others hang
+        error = e
+    waiter = Waiter(log, peers, comm.poll_min, comm.poll_max, comm.stall_timeout)
+    try:
+        statuses = agree(world, status_of(error), waiter)
+    except PeerLost as e:  # a rank died before the agreement: nobody can train
+        die(f"pserver-run: error: rank {rank} on {socket.gethostname()} {e}", world)
+        return 1  # not reached
+    code, speaks, suffix = outcome(statuses, rank)
+    if code:
+        if speaks:
+            assert error is not None
+            message = failure_message(error, rank, size)
+            print(f"pserver-run: error: {message}{suffix}", file=sys.stderr, flush=True)
+        return code
+    assert ctx is not None
+    from pserver.ckpt.resume import unsupported
+    from pserver.runtime.signals import STOP
+
+    if unsupported(ctx.cfg) is None:  # else SIGTERM keeps its default action: the rank ends
+        STOP.install()
+    try:
+        code = run(ctx, world)
+    except BaseException as e:
+        die(abort_message(e, ctx), world)
+        return 1  # not reached: Abort ends every rank
+    if ctx.learner_comm is not None:  # every learner gets here once its run has ended
+        ctx.learner_comm.Free()
+    return code
+
+
+def abort_message(error: BaseException, ctx) -> str:  # noqa: ANN001 - Context
+    """What a rank says before aborting the job: one line for a failure whose message says
+    all (a lost peer, a diverged run), the traceback for anything else."""
+    from mpi4py import MPI
+
+    who = f"rank {ctx.rank} ({ctx.layout.describe(ctx.rank)}) on {socket.gethostname()}"
+    if isinstance(error, MPI.Exception):  # outside a wait: which peer is unknown, ask the roster
+        error = ctx.peers.lost(None, error)
+    if isinstance(error, PeerLost) and not error.named:  # maybe our own fault: say where
+        return f"pserver-run: {who}: {error}; aborting the job:\n{traceback.format_exc()}"
+    if isinstance(error, RunError):
+        return f"pserver-run: {who}: {error}; aborting the job"
+    return f"pserver-run: {who} failed; aborting the job:\n{traceback.format_exc()}"
+
+
+def die(message: str, world) -> None:  # noqa: ANN001 - MPI.Comm
+    """Print ``message``, make sure the launcher has read it, and abort every rank."""
+    print(message, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    wait_until_read(sys.stdout)
+    wait_until_read(sys.stderr)
+    world.Abort(1)
+
+
+def run(ctx, world) -> int:  # noqa: ANN001 - Context and MPI.Comm, imported lazily
+    """Build the role's driver, run it to the end of training, checkpoint; the exit status
+    (``pserver.ckpt.drivers.end``: 0 done, 75 stopped by a signal, 74 checkpoint not written;
+    ``pserver.ckpt.drivers.periodic`` for ``run.checkpoint_interval``)."""
+    from pserver.ckpt.drivers.periodic import run_parts
+    from pserver.comm.channels import Channels
+    from pserver.optim.blas import limit_blas_threads
+
+    ctx.log = setup_logging(ctx.rank, ctx.layout.describe(ctx.rank), ctx.cfg.run.log_level)
+    if ctx.rank == 0:
+        log_provenance(ctx)
+        if ctx.w0 is not None:
+            ctx.log.info("initial weights: the final model of %s (model.init_from)",
+                         ctx.cfg.model.init_from)  # fmt: skip
+    ctx.channels = Channels.create(world)
+    # a thread that waits for the GIL gets it after at most this long: Python's default 5 ms
+    # starves a comm thread beside pure-Python compute (docs/architecture.md, "The
+    # communication thread and the GIL", has the figures)
+    sys.setswitchinterval(ctx.cfg.comm.switch_interval)
+    limit_blas_threads(ctx.cfg.run.blas_threads, ctx.log)
+    # same seed (or the same warm-start file, model.init_from) on every rank: the same w0
+    weights = ctx.model.init_params(ctx.cfg.run.seed) if ctx.w0 is None else ctx.w0
+    if ctx.role is Role.SERVER:  # imports of the first update happen before the clock starts
+        from pserver.optim.rules import preload
+
+        preload(ctx.cfg.optim.rule, ctx.xp, weights.dtype)
+    if ctx.cfg.comm.transport == "shm":
+        from pserver.comm.shm import SharedWindows
+
+        ctx.shm = SharedWindows(
+            world, ctx.layout, ctx.blocks, weights.dtype, ctx.nodes, ctx.cfg.comm.versions
+        )
+    # the server may still be loading its update's imports: a blocking Barrier spins MPICH's
+    # progress engine on every other rank meanwhile (~1 s of CPU each per launch)
+    ctx.waiter().wait(world.Ibarrier(), "every rank to be ready to train (the start barrier)")
+    # a resumed run's clock goes on from the checkpointed run's (the dump's times continue)
+    ctx.t0 = time.time() - (ctx.resume.elapsed if ctx.resume is not None else 0.0)
+    # one part, or one per periodic checkpoint (each driver built from the last one's state)
+    code = run_parts(ctx, world, lambda: DRIVERS[ctx.role](ctx, weights))
+    if ctx.shm is not None:
+        ctx.shm.free()
+    ctx.channels.free()
+    return code
+
+
+def log_provenance(ctx) -> None:  # noqa: ANN001 - Context
+    """What runs where, in one line per host, and with which code (pserver.runtime.provenance)."""
+    from pserver.runtime.provenance import git_commit, host_lines, library_versions, rank_table
+
+    v = library_versions()
+    commit = git_commit() or "not a git checkout"
+    ctx.log.info(
+        "pserver %s (%s), Python %s, numpy %s, mpi4py %s, h5py %s, %s; run directory %s",
+        v["pserver"], commit, v["python"], v["numpy"], v["mpi4py"], v["h5py"], v["mpi"],
+        ctx.cfg.run.out_dir,
+    )  # fmt: skip
+    for line in host_lines(rank_table(ctx.layout, ctx.nodes, ctx.hosts)):
+        ctx.log.info("%s", line)
+
+
+# -- the role drivers: each imports its own module only when its rank plays that role --------
+
+
+def server(ctx, weights):  # noqa: ANN001, ANN201 - Context, array -> ServerShard
+    from pserver.roles.server import ServerShard
+
+    return ServerShard(ctx, weights)
+
+
+def learner(ctx, weights):  # noqa: ANN001, ANN201 - Context, array -> Trainer
+    """A trainer with the exchange the strategy names for ``comm.mode``."""
+    from pserver.roles.prefetch import Prefetcher
+    from pserver.roles.trainer import Trainer
+
+    strategy = lookup(ctx.cfg.protocol.name)
+    if not strategy.ranks.servers:  # the learner owns the model: it lives on its device
+        weights = ctx.xp.asarray(weights)
+    exchange = strategy.exchange(ctx.cfg.comm.mode)
+    return Trainer(ctx, EXCHANGES[exchange]()(ctx, weights), Prefetcher(ctx))
+
+
+def aggregator(ctx, weights):  # noqa: ANN001, ANN201 - Context, array -> Aggregator
+    from pserver.roles.aggregator import Aggregator
+
+    return Aggregator(ctx, weights)
+
+
+def data_server(ctx, weights):  # noqa: ANN001, ANN201 - Context, unused -> DataServer
+    from pserver.roles.dataserver import DataServer
+
+    return DataServer(ctx)
+
+
+def stats_server(ctx, weights):  # noqa: ANN001, ANN201 - Context, unused -> StatsServer
+    from pserver.roles.statserver import StatsServer
+
+    return StatsServer(ctx)
+
+
+def ps_exchange() -> type:
+    from pserver.roles.learner import PSExchange
+
+    return PSExchange
+
+
+def ps_overlap_exchange() -> type:
+    from pserver.roles.overlap import OverlapExchange
+
+    return OverlapExchange
+
+
+def allreduce_exchange() -> type:
+    from pserver.roles.allreduce import SyncExchange
+
+    return SyncExchange
+
+
+def hybrid_exchange() -> type:
+    from pserver.roles.hybrid import HybridExchange
+
+    return HybridExchange
+
+
+def local_steps_exchange() -> type:
+    from pserver.roles.local_steps import LocalStepsExchange
+
+    return LocalStepsExchange
+
+
+def gossip_exchange() -> type:
+    from pserver.roles.gossip_exchange import GossipExchange
+
+    return GossipExchange
+
+
+#: Role -> a function (ctx, w0) -> the driver whose run() is the rank's whole life.
+DRIVERS = {
+    Role.SERVER: server,
+    Role.LEARNER: learner,
+    Role.AGGREGATOR: aggregator,
+    Role.DATA: data_server,
+    Role.STATS: stats_server,
+}
+#: A strategy's learner exchange (``pserver.strategies``, ``Strategy.exchanges``) -> its class.
+EXCHANGES = {
+    PS: ps_exchange,
+    PS_OVERLAP: ps_overlap_exchange,
+    LOCAL_STEPS: local_steps_exchange,
+    ALLREDUCE: allreduce_exchange,
+    ALLREDUCE_DELAYED: hybrid_exchange,
+    GOSSIP: gossip_exchange,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
