@@ -1,4 +1,46 @@
+"""Shared test set-up: ``tests/`` on the path, and the ``mpi`` mark enforced.
+
+A test that starts an MPI launcher (``mpiexec``, ``mpirun``, ``srun`` or the program
+``$PSERVER_MPIEXEC`` names) must carry ``@pytest.mark.mpi``, so ``-m mpi`` / ``-m "not mpi"``
+split the suite truthfully: an unmarked test that launches a job fails with the reason.
+"""
+
+import os
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+pytest_plugins = ["pytester"]
+
+LAUNCHERS = {"mpiexec", "mpirun", "srun", "mpiexec.hydra", "orterun", "prterun"}
+
+
+def _launcher_names() -> set[str]:
+    named = os.environ.get("PSERVER_MPIEXEC", "").strip()
+    return LAUNCHERS | ({os.path.basename(named)} if named else set())
+
+
+@pytest.fixture(autouse=True)
+def _jobs_carry_the_mpi_mark(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    if request.node.get_closest_marker("mpi"):
+        yield
+        return
+    real = subprocess.Popen
+    names = _launcher_names()
+
+    class Guarded(real):  # a subclass, so isinstance checks and subprocess.run keep working
+        def __init__(self, args, *a, **kw):
+            argv = [args] if isinstance(args, str | bytes | os.PathLike) else list(args)
+            head = os.path.basename(str(argv[0])) if argv else ""
+            if head in names:
+                raise AssertionError(
+                    f"{request.node.nodeid} launches {head} without @pytest.mark.mpi"
+                )
+            super().__init__(args, *a, **kw)
+
+    monkeypatch.setattr(subprocess, "Popen", Guarded)
+    yield

@@ -285,3 +285,35 @@ def test_cycle_finder_finds_a_lazy_cycle():
         "x",
         "pserver.comm.shm",
     ]
+
+
+def layers_table() -> dict[str, tuple[int, set[str]]]:
+    """docs/architecture.md's *Layers* table: folder -> (layer, the modules it names)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or not cells[0][:1].isdigit():
+            continue
+        folder = cells[1].strip("`")
+        rows[folder] = (int(cells[0].split(".")[0]), {m.strip(" `") for m in cells[2].split(",")})
+    return rows
+
+
+def test_the_layers_table_names_every_module_in_its_folders_layer():
+    rows = layers_table()
+    tree: dict[str, set[str]] = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            if "__pycache__" in path.parts:
+                continue
+            folder = path.parent.relative_to(ROOT).as_posix() + "/"
+            tree.setdefault(folder, set())
+            if path.stem != "__init__":
+                tree[folder].add(path.stem)
+    assert set(rows) == set(tree), (sorted(set(tree) - set(rows)), sorted(set(rows) - set(tree)))
+    for folder, (lay, named) in sorted(rows.items()):
+        missing, extra = sorted(tree[folder] - named), sorted(named - tree[folder])
+        assert not missing and not extra, f"{folder}: not in the table {missing}, gone {extra}"
+        assert lay == layer(folder.rstrip("/").replace("/", ".")), folder

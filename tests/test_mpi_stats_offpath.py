@@ -24,9 +24,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from pserver.dump.reader import load_dump
 from tests.mpirun import QUICKSTART, ROOT, mpiexec
+
+pytestmark = pytest.mark.mpi
 
 TIMEOUT = 180.0
 EPOCHS = 12  # more than the snapshot queue (8 for this model) + the one in flight + the final

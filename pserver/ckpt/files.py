@@ -18,27 +18,37 @@ removes its temporary file and leaves the previous generation as it was.
 What a rank stores is its business (its role decides): named arrays and JSON attributes, never
 pickles. Every array carries a CRC-32 of its bytes, checked when it is read back, so a file
 that was truncated or bit-flipped after it was written is refused with the name of the array,
-not silently resumed from.
+not silently resumed from; ``LATEST`` carries the SHA-256 of every rank file, checked before the
+file is opened, so a rank file swapped for another consistent one is refused too.
+
+A checkpoint is untrusted input (a run directory may be shared, copied or edited): nothing that
+is not a regular file is opened (a FIFO would block the reader for good), and a rank file's
+entries must be datasets stored in the file itself — an external or soft link, a virtual
+dataset or external raw storage would make the resume read a file the run never wrote
+(``pserver.ckpt.h5stored``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import stat
 import time
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 
+from pserver.ckpt.h5stored import GROUP, LINK, OUTSIDE, stored
 from pserver.errors import PserverError
 
-FORMAT = 1  # bumped when the layout of a rank file or the manifest changes
+FORMAT = 2  # bumped when the layout of a rank file or the manifest changes
 MANIFEST = "LATEST"
 TMP_SUFFIX = ".tmp"
 
@@ -75,6 +85,8 @@ class Manifest:
     time: float
     config: dict[str, Any]
     extra: dict[str, Any]
+    #: rank -> SHA-256 (hex) of its file in this generation
+    sha256: dict[int, str] = field(default_factory=dict)
 
 
 def generation_dir(ckpt_dir: str | Path, generation: int) -> Path:
@@ -111,9 +123,10 @@ def _atomic(path: Path, write: Any) -> None:
             os.close(fd)
         os.replace(tmp, path)
         _fsync_dir(path.parent)
-    except OSError as e:
+    except (OSError, RuntimeError) as e:
+        # HDF5 reports a full disk when the file is closed, as RuntimeError, not OSError
         tmp.unlink(missing_ok=True)
-        reason = e.strerror or str(e)
+        reason = getattr(e, "strerror", None) or str(e)
         raise CheckpointError(f"cannot write checkpoint {path}: {reason}") from None
 
 
@@ -140,8 +153,45 @@ def write_state(path: str | Path, arrays: Mapping[str, Any], attrs: Mapping[str,
     return target.stat().st_size
 
 
-def read_state(path: str | Path) -> State:
-    """Read and verify one rank's state; :class:`CheckpointError` names what is wrong."""
+def regular_file(path: str | Path, what: str) -> Path:
+    """``path`` if it is a regular file (links followed), else :class:`CheckpointError`.
+
+    Checked with ``stat`` before anything opens it: opening a FIFO blocks until a writer
+    comes, a device or a directory is not a checkpoint.
+    """
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode
+    except OSError as e:
+        raise CheckpointError(f"{what} {p} cannot be read: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else (
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
+        )
+        raise CheckpointError(f"{what} {p} is {kind}, not a regular file: refused")
+    return p
+
+
+def sha256(path: str | Path) -> str:
+    """The SHA-256 (hex) of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_state(path: str | Path, expected_sha256: str | None = None) -> State:
+    """Read and verify one rank's state; :class:`CheckpointError` names what is wrong.
+
+    ``expected_sha256``: the manifest's checksum of this file, compared before it is opened.
+    """
+    regular_file(path, "checkpoint")
+    if expected_sha256 is not None and sha256(path) != expected_sha256:
+        raise CheckpointError(
+            f"checkpoint {path}: its SHA-256 differs from the one LATEST recorded (the file was "
+            f"replaced or changed after the generation was committed): refused"
+        )
     try:
         with h5py.File(path, "r") as f:
             if int(f.attrs.get("format", -1)) != FORMAT:
@@ -150,19 +200,32 @@ def read_state(path: str | Path) -> State:
                     f"format {FORMAT}"
                 )
             attrs = json.loads(str(f.attrs["attrs"]))
-            arrays = {}
-            for name, d in f.items():
-                a = d[()]
-                if _checksum(np.asarray(a)) != int(d.attrs["crc32"]):
-                    raise CheckpointError(
-                        f"checkpoint {path}: array {name!r} is corrupt (checksum mismatch)"
-                    )
-                arrays[name] = np.asarray(a)
+            if not isinstance(attrs, dict):
+                raise CheckpointError(f"checkpoint {path}: its attributes are not a JSON object")
+            arrays = {name: _stored_array(f, name, path) for name in f}
     except CheckpointError:
         raise
-    except (OSError, KeyError, ValueError) as e:
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError) as e:
         raise CheckpointError(f"checkpoint {path} cannot be read: {e}") from None
     return State(arrays, attrs)
+
+
+def _stored_array(f: Any, name: str, path: str | Path) -> np.ndarray:
+    """The verified array ``name`` of an open rank file; links and outside storage refused."""
+    d, problem, detail = stored(f, name)
+    if problem is not None:
+        what = {
+            LINK: f"is a {detail} (a link), not an array stored in the file",
+            GROUP: "is a group, not an array",
+            OUTSIDE: "keeps its data outside the file (virtual dataset or external storage)",
+        }.get(problem, "is missing")
+        raise CheckpointError(f"checkpoint {path}: {name!r} {what}: refused")
+    if d.dtype.kind not in "biufc":
+        raise CheckpointError(f"checkpoint {path}: {name!r} holds {d.dtype}, not numbers")
+    a = np.asarray(d[()])
+    if _checksum(a) != int(d.attrs["crc32"]):
+        raise CheckpointError(f"checkpoint {path}: array {name!r} is corrupt (checksum mismatch)")
+    return a
 
 
 def commit(
@@ -186,6 +249,7 @@ def commit(
     body = {
         "format": FORMAT, "generation": generation, "world_size": world_size,
         "time": time.time(), "config": dict(config), "extra": dict(extra or {}),
+        "sha256": {str(r): sha256(rank_file(root, generation, r)) for r in range(world_size)},
     }
     text = json.dumps(body, sort_keys=True, indent=1)
     _atomic(root / MANIFEST, lambda tmp: tmp.write_text(text))
@@ -199,18 +263,25 @@ def commit(
 def latest(ckpt_dir: str | Path) -> Manifest | None:
     """The committed generation, or None when nothing was ever committed."""
     path = Path(ckpt_dir) / MANIFEST
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return None
+    regular_file(path, "checkpoint manifest")
     try:
         body = json.loads(path.read_text())
         if body.get("format") != FORMAT:
             raise CheckpointError(
                 f"{path}: format {body.get('format')!r}, this pserver reads format {FORMAT}"
             )
-        return Manifest(
+        sums = {int(r): str(s) for r, s in dict(body["sha256"]).items()}
+        manifest = Manifest(
             int(body["generation"]), int(body["world_size"]), float(body["time"]),
-            dict(body["config"]), dict(body.get("extra", {})),
+            dict(body["config"]), dict(body.get("extra", {})), sums,
         )
+        if manifest.generation < 0 or manifest.world_size < 1:
+            raise ValueError("generation < 0 or world_size < 1")
+        if set(sums) != set(range(manifest.world_size)):
+            raise ValueError(f"checksums for ranks {sorted(sums)[:8]}, not 0..world_size-1")
+        return manifest
     except CheckpointError:
         raise
     except (OSError, ValueError, KeyError, TypeError) as e:

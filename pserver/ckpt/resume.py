@@ -150,11 +150,11 @@ def open_resume(run_dir: str, cfg: Config, world_size: int, rank: int, role: str
         )
     check_compatible(manifest.config, cfg.to_dict())
     path = rank_file(ckpt, manifest.generation, rank)
-    if not path.is_file():
+    if not path.exists():
         raise CheckpointError(f"--resume {run_dir}: {path} is missing")
     from pserver.ckpt.files import read_state
 
-    state = read_state(path)
+    state = read_state(path, manifest.sha256.get(rank))
     saved_role = state.attrs.get("role")
     if saved_role != role:
         raise CheckpointError(
