@@ -59,3 +59,27 @@ def test_read_only_directory(tmp_path):
         assert "does not take new files: permission denied" in refused(ro)
     finally:
         ro.chmod(0o755)
+
+
+def test_a_run_directory_in_use_by_another_job_is_refused(tmp_path):
+    """Issue 22 D3: a second job on a run directory in use is refused at start, naming the
+    holder; the same process may check its own directory again; the lock ends with the job."""
+    import subprocess
+    import sys
+
+    hold = (
+        "import sys\nfrom pserver.runtime.outdir import check_out_dir\n"
+        f"check_out_dir({str(tmp_path)!r}, 'stats.h5', False)\n"
+        "print('held', flush=True)\nsys.stdin.read()\n"
+    )
+    other = subprocess.Popen(
+        [sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert other.stdout.readline().strip() == "held"  # the other job holds it now
+        with pytest.raises(ConfigError, match=r"is in use by another job"):
+            check_out_dir(str(tmp_path), "stats.h5", False)
+    finally:
+        other.communicate("", timeout=60)
+    assert check_out_dir(str(tmp_path), "stats.h5", False) == tmp_path / "stats.h5"
+    assert check_out_dir(str(tmp_path), "stats.h5", False) == tmp_path / "stats.h5"  # again

@@ -6,11 +6,19 @@ system, a name over the system's limits, ``stats.h5`` a directory or a symbolic 
 the job with a traceback after the others have started. Asking ``os.access`` would not do
 (root passes every permission test, NFS and read-only mounts answer wrongly), so this creates
 the directory and a temporary file in it, exactly as the writer will.
+
+The same rank then holds an advisory lock on the directory (``flock`` on the directory itself,
+so no file is left in it) for
+the job's life, so a second job on a run directory in use (two ``--resume`` of one run, two
+runs sharing an ``out_dir``) is refused at start with one line instead of failing later on
+HDF5's file lock. The kernel drops the lock when the process ends, however it ends, so a
+killed or requeued job never leaves a stale lock behind.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import tempfile
 from pathlib import Path
@@ -27,6 +35,11 @@ WHY = {
     errno.ENOSPC: "the file system is full",
     errno.EDQUOT: "the disk quota is exceeded",
 }
+
+
+#: directory -> the open directory this process holds locked (a second flock of the same file from
+#: another descriptor would conflict with our own, so a process locks a directory once)
+_HELD: dict[Path, int] = {}
 
 
 def why(e: OSError) -> str:
@@ -52,6 +65,7 @@ def check_out_dir(out_dir: str, dump_name: str, overwrite: bool) -> Path:
             f.flush()
     except OSError as e:
         raise ConfigError(f"{key} does not take new files: {why(e)}") from None
+    lock_run_dir(out, key)
     dump = out / dump_name
     try:
         check_dump(dump, key, overwrite)
@@ -84,3 +98,26 @@ def check_dump(dump: Path, key: str, overwrite: bool) -> None:
         os.close(fd)
     except OSError as e:
         raise ConfigError(f"{key}: {dump} cannot be replaced: {why(e)}") from None
+
+
+def lock_run_dir(out: Path, key: str) -> None:
+    """Hold ``out``'s advisory lock until this process ends, or refuse: another job has it."""
+    out = out.resolve()
+    if out in _HELD:
+        return
+    try:
+        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise ConfigError(f"{key} cannot be opened: {why(e)}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(
+            f"{key} is in use by another job (it holds the directory's lock): wait for that job "
+            "to end, or choose another run.out_dir"
+        ) from None
+    except OSError as e:  # a file system without locks: say so rather than run unguarded
+        os.close(fd)
+        raise ConfigError(f"{key} cannot be locked: {why(e)}") from None
+    _HELD[out] = fd
