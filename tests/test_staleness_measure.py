@@ -16,8 +16,9 @@ from pserver.dump.check import check_dump
 from pserver.dump.reader import load_dump, summarize
 from pserver.dump.writer import StatsWriter
 from pserver.stats import cli
+from pserver.stats.compare_seeds import comparison_rows
 from pserver.stats.export import export_csv
-from pserver.stats.tables import applied_staleness, comparison_rows, staleness_distribution
+from pserver.stats.tables import applied_staleness, staleness_distribution
 
 
 def attrs(name: str, learners: int = 2) -> dict:

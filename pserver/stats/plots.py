@@ -49,8 +49,8 @@ def smooth(values: np.ndarray, window: int) -> np.ndarray:
     return (csum[idx] - csum[lo]) / (idx - lo)
 
 
-SIGMA_LABEL = "gradient staleness σ (weight updates)"
-PROB_LABEL = "probability (share of applied gradients)"
+SIGMA_LABEL = "staleness σ (weight updates)"
+PROB_LABEL = "probability (share of applied contributions)"
 
 
 def staleness_axes(ax: Axes, max_sigma: int, probabilities: Sequence[float]) -> None:

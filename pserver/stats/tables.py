@@ -188,17 +188,3 @@ def staleness_distribution(dump: Dump) -> dict[str, np.ndarray]:
         "count": counts.astype(np.int64),
         "probability": counts / total,
     }
-
-
-def comparison_rows(dumps: Sequence[Dump]) -> list[dict[str, Any]]:
-    """One row per dump: :func:`run_facts` under the runs' :func:`labels`, then the value of
-    each key in which their configs differ (``pserver-stats compare``, ``compare_frame``)."""
-    configs = [run_config(d) for d in dumps]
-    names = labels(configs, [str(d.path) for d in dumps])
-    keys = differing_keys(configs)
-    rows = []
-    for dump, cfg, label in zip(dumps, configs, names, strict=True):
-        row = run_facts(dump, label)
-        row.update({k: cfg.get(k) for k in keys})
-        rows.append(row)
-    return rows
