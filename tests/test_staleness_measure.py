@@ -92,7 +92,10 @@ def test_every_reader_shows_the_staleness_rows_mean(tmp_path, capsys, make, mean
     assert table_cell(out, "⟨σ⟩") == f"{mean:.2f}" and table_cell(out, "max σ") == str(top)
     with (tmp_path / "c.csv").open() as f:
         assert float(next(csv.DictReader(f))["mean_staleness"]) == mean
-    export_csv(dump, tmp_path / "x")
+    written = {p.name for p in export_csv(dump, tmp_path / "x")}
+    assert {"staleness.csv", "staleness_rows.csv"} <= written  # distribution, rows: both kept
+    with (tmp_path / "x" / "staleness_rows.csv").open() as f:
+        assert np.mean([int(r["staleness"]) for r in csv.DictReader(f)]) == mean
     with (tmp_path / "x" / "run.csv").open() as f:
         assert float(next(csv.DictReader(f))["mean_staleness"]) == mean
     assert cli.main(["summary", str(path)]) == 0
