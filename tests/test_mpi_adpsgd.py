@@ -79,13 +79,17 @@ def test_four_learners_learn_with_a_consistent_dump(tmp_path, mode):
     train_size = int(dump.group("test")["samples"][0])  # samples of one epoch
     cfg = load_config(None, ["run.epochs=20", "data.batch_size=16"])
     assert int(learners["minibatches"].sum()) == total_minibatches(cfg, train_size)
-    # every exchange is with a ring neighbour; its staleness is the partner model's age
+    # every exchange is with a ring neighbour; partner_age is the partner model's age
     ex = dump.group("exchanges")
     ring = Ring(4)
     assert len(ex["learner"]) > 0 and set(ex["learner"].tolist()) == {0, 1, 2, 3}
     for i, j in zip(ex["learner"].tolist(), ex["partner"].tolist(), strict=True):
         assert j in ring.neighbours(i)
-    assert np.array_equal(ex["staleness"], np.maximum(0, ex["step"] - ex["partner_step"]))
+    assert np.array_equal(ex["partner_age"], np.maximum(0, ex["step"] - ex["partner_step"]))
+    # σ (docs/stats.md): one row per applied gradient, the averages mixed in meanwhile
+    st = dump.group("staleness")
+    assert len(st["staleness"]) == int(learners["minibatches"].sum())
+    assert np.array_equal(st["owner"], st["learner"]) and np.all(st["staleness"] >= 0)
     # each exchange is recorded once by the sender and once by the receiver
     senders = np.isin(ex["learner"], [0, 2])
     assert senders.sum() == (~senders).sum()

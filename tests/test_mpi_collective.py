@@ -84,16 +84,20 @@ def check_lockstep_dump(path, sigma_after_first: int):
     steps = e["step"]
     per_learner = [int(np.sum(e["learner"] == i)) for i in range(4)]
     assert len(set(per_learner)) == 1 and per_learner[0] == steps.max() + 1  # lockstep
-    assert np.all(e["staleness"][steps == 0] == 0)
-    assert np.all(e["staleness"][steps > 0] == sigma_after_first)
-    assert np.all(e["partner"] == -1)
+    assert np.all(e["partner"] == -1) and np.all(e["partner_age"] == -1)
+    # σ per applied contribution (docs/stats.md): one staleness row per exchanges row
+    st = dump.group("staleness")
+    assert st["learner"].tolist() == e["learner"].tolist()
+    assert np.all(st["staleness"][steps == 0] == 0)
+    assert np.all(st["staleness"][steps > 0] == sigma_after_first)
     drift = dump.group("drift")
     assert drift["epoch"].tolist() == list(range(1, 21)) and np.all(drift["max_diff"] == 0.0)
     assert dump.rows("test") == 20
     summary = summarize(dump)  # pserver-stats summary shows the exchanges' σ and the drift
     assert summary["exchanges"]["staleness"]["max"] == sigma_after_first
     assert summary["exchanges"]["max_drift"] == 0.0
-    assert "⟨σ⟩ over exchanges" in format_summary(summary)
+    assert summary["staleness"]["max"] == sigma_after_first
+    assert "⟨σ⟩ over gradients" in format_summary(summary)
     return dump
 
 

@@ -130,7 +130,8 @@ def test_compare_figure_has_units_and_integer_staleness(tmp_path):
         assert "(" in ax.get_xlabel() and "(" in ax.get_ylabel(), (ax.get_xlabel(), ax.get_ylabel())
     assert integer_ticks(ax_sigma) and integer_ticks(ax_epoch)
     assert ax_sigma.get_ylim()[1] <= 1.0
-    legend = [t.get_text() for t in ax_sigma.get_legend().get_texts()]
+    assert ax_sigma.get_legend() is None  # one legend, below the panels, over none of them
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert legend[0] == "hardsync (σ = 0 always)" and legend[1].startswith("softsync n=2: ⟨σ⟩")
     assert len(ax_time.lines) == 2 and len(ax_loss.lines) == 2
     # the test error is drawn in percent

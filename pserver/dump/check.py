@@ -11,6 +11,8 @@ schema (``docs/stats.md``) it relies on:
   (eq. 2);
 * every applied gradient entered an update of its shard that exists, with
   σ = (i − 1) − timestamp ≥ 0; per update, the applied gradients number ``n_gradients``;
+* every ``staleness`` row has σ ≥ 0, and where shards record ``gradients`` the ``staleness``
+  rows are the applied ones with the same learner, shard, timestamp and σ;
 * hardsync with full pulls never applies a stale gradient (σ = 0; with partial pulling a
   learner computes on kept copies, PSP-SGD Algorithm 1);
 * the end-of-run rows agree with the streams: a shard's ``updates`` is its highest block
@@ -250,6 +252,26 @@ def _predictions(dump: Dump) -> Problems:
     return out
 
 
+def _staleness(dump: Dump) -> Problems:
+    """``staleness/`` (docs/stats.md, *Staleness σ*): σ ≥ 0; where shards record gradients,
+    its rows are the applied gradients, in order, with their σ (unless rows were dropped)."""
+    st, g = dump.group("staleness"), dump.group("gradients")
+    if not st:
+        return []  # a dump from before the group existed
+    out: Problems = []
+    if np.any(st["staleness"] < 0):
+        out.append(f"{int(np.sum(st['staleness'] < 0))} staleness rows have σ < 0")
+    if g and "dropped_records" not in dump.attrs:
+        applied = g["update"] != -1
+        pairs = (("learner", "learner"), ("owner", "shard"), ("version", "timestamp"),
+                 ("staleness", "staleness"))  # fmt: skip
+        if not all(np.array_equal(st[a], g[b][applied]) for a, b in pairs):
+            out.append("staleness rows are not the applied gradients (learner, shard, "
+                       "timestamp, σ)")  # fmt: skip
+    return out
+
+
 RULES: tuple[Callable[[Dump], Problems], ...] = (
-    _finished, _updates, _gradients, _end_rows, _learners, _epochs, _tests, _predictions,
+    _finished, _updates, _gradients, _staleness, _end_rows, _learners, _epochs, _tests,
+    _predictions,
 )

@@ -198,27 +198,59 @@ def _gradients(dump: Dump) -> dict[str, Any]:
     return out
 
 
+def applied_staleness(dump: Dump) -> tuple[np.ndarray, np.ndarray]:
+    """(σ, learner) of every applied contribution: the one staleness measure of every strategy
+    (docs/stats.md, *Staleness σ*), from the ``staleness`` group. A dump written before that
+    group existed falls back on its applied ``gradients`` (the parameter-server family), else
+    on the old ``exchanges/staleness`` column (SYNC, HYBRID)."""
+    for group, keep in (("staleness", None), ("gradients", "update"), ("exchanges", None)):
+        cols = dump.group(group)
+        n = dump.rows(group) if "staleness" in cols else 0
+        if n == 0:
+            continue
+        mask = cols[keep][:n] != -1 if keep in cols else np.ones(n, dtype=bool)
+        learner = cols["learner"][:n] if "learner" in cols else np.zeros(n, np.int64)
+        sigma = np.asarray(cols["staleness"][:n][mask], dtype=np.int64)
+        return sigma, np.asarray(learner[mask], dtype=np.int64)
+    return np.zeros(0, np.int64), np.zeros(0, np.int64)
+
+
 def exchange_staleness(dump: Dump) -> tuple[np.ndarray, np.ndarray]:
-    """(σ, learner) of every ``exchanges`` row: the learners-only strategies' staleness
-    (SYNC 0, HYBRID 1, ADPSGD the partner model's age), next to the shards' ``gradients``."""
-    ex = dump.group("exchanges")
-    n = dump.rows("exchanges") if "staleness" in ex else 0
-    if n == 0:
+    """(σ, learner) of the learners-only strategies' contributions (SYNC, HYBRID, ADPSGD):
+    :func:`applied_staleness` of a dump that has ``exchanges`` rows, else empty."""
+    if not dump.rows("exchanges"):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    learner = ex["learner"][:n] if "learner" in ex else np.zeros(n, np.int64)
-    return ex["staleness"][:n], learner
+    return applied_staleness(dump)
 
 
-def _exchanges(dump: Dump) -> dict[str, Any]:
-    stale, who = exchange_staleness(dump)
-    out: dict[str, Any] = {"count": int(stale.size), "staleness": staleness_summary(stale)}
+def _staleness(dump: Dump) -> dict[str, Any]:
+    """``summary["staleness"]``: σ over every applied contribution, whatever the strategy."""
+    stale, who = applied_staleness(dump)
+    out = staleness_summary(stale)
     if stale.size:
         out["per_learner_mean"] = {
             int(lid): float(stale[who == lid].mean()) for lid in np.unique(who)
         }
-        ex = dump.group("exchanges")
-        if "wait_time" in ex:
-            out["wait_time"] = float(np.sum(ex["wait_time"]))
+    bound = staleness_bound(dump)
+    if bound is not None and stale.size:
+        out["bound_2n"] = bound
+        out["fraction_within_2n"] = float(np.mean(stale <= bound))
+    return out
+
+
+def _exchanges(dump: Dump) -> dict[str, Any]:
+    stale, who = exchange_staleness(dump)
+    out: dict[str, Any] = {"count": dump.rows("exchanges"), "staleness": staleness_summary(stale)}
+    ex = dump.group("exchanges")
+    if stale.size:
+        out["per_learner_mean"] = {
+            int(lid): float(stale[who == lid].mean()) for lid in np.unique(who)
+        }
+    if dump.rows("exchanges") and "wait_time" in ex:
+        out["wait_time"] = float(np.sum(ex["wait_time"]))
+    age = ex.get("partner_age", np.zeros(0, np.int64))[: dump.rows("exchanges")]
+    if np.any(age >= 0):  # ADPSGD: the partner models' age, beside σ (not σ)
+        out["partner_age"] = staleness_summary(age[age >= 0])
     drift = dump.group("drift")
     if dump.rows("drift") and "max_diff" in drift:
         out["max_drift"] = float(np.max(drift["max_diff"]))
@@ -329,6 +361,7 @@ def summarize(dump: Dump) -> dict[str, Any]:
         "updates": _updates(dump),
         "gradients": _gradients(dump),
         "exchanges": _exchanges(dump),
+        "staleness": _staleness(dump),  # the one measure of every strategy (docs/stats.md)
         "learners": learners,
         "test": _test(dump),
         "wall_time": wall,

@@ -90,6 +90,18 @@ class Gradient:
 
 
 @dataclass(frozen=True)
+class Staleness:
+    """Issue 25: σ of one applied contribution, the same measure for every strategy
+    (docs/stats.md, *Staleness σ*)."""
+
+    learner: int = col("int32", "learner index that computed the contribution")
+    owner: int = col("int32", "holder of the weights it was applied to: shard, or learner")
+    version: int = col("int64", "version of the owner's weights it was computed from")
+    staleness: int = col("int32", "σ: updates applied to those weights between version and use")
+    time: float = col("float64", "s since start (when recorded)")
+
+
+@dataclass(frozen=True)
 class Train:
     learner: int = col("int32", "learner index")
     step: int = col("int64", "the learner's minibatch counter")
@@ -210,7 +222,7 @@ class Exchange:
     learner: int = col("int32", "learner index")
     step: int = col("int64", "the learner's step whose gradient or model was exchanged")
     partner: int = col("int32", "learner exchanged with; -1: all (an allreduce)")
-    staleness: int = col("int32", "σ in steps: SYNC 0, HYBRID 1, ADPSGD the partner model's age")
+    partner_age: int = col("int32", "ADPSGD: steps the partner's model is behind ours; else -1")
     partner_step: int = col("int64", "the partner's step count (ADPSGD's vector clock); -1: none")
     bytes: int = col(
         "int64", "bytes of the array exchanged (an allreduce's buffer; ADPSGD: the model sent)"
@@ -251,6 +263,7 @@ GROUPS: dict[str, Group] = {
     for g in (
         Group("updates", "one per weight update", Update, (VECTOR_CLOCK,)),
         Group("gradients", "one per gradient received", Gradient),
+        Group("staleness", "one per applied contribution, every strategy", Staleness),
         Group("train", "one per learner minibatch", Train),
         Group("test", "one per model test", Test),
         Group("skipped_tests", "one per epoch due a test that got none", SkippedTest),

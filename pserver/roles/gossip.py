@@ -94,6 +94,8 @@ class Gossip:
         self.nbytes = int(w.nbytes)
         self.rows: list[dict[str, Any]] = []  # ``exchanges`` rows, taken by the main thread
         self.exchanged = 0
+        self.sigma_rows: list[dict[str, Any]] = []  # ``staleness`` rows (main thread only)
+        self.snap_version = 0  # version() of the model the next gradient is computed on
         # header buffers: [kind, step, clock...]
         self.hdr_out = np.zeros(2 + n, dtype=np.int64)
         self.hdr_in = np.zeros(2 + n, dtype=np.int64)
@@ -116,13 +118,27 @@ class Gossip:
             if not self.engine.threaded:
                 self.progress()  # a receiver without a thread answers at its step boundaries
             self.xp.copyto(self.snap, self.w)
+            self.snap_version = self.version()
         return self.snap
+
+    def version(self) -> int:
+        """The version of ``w``: the updates applied to it so far, local steps and averages
+        (docs/stats.md, *Staleness σ*; under the lock)."""
+        return self.clock.own + self.exchanged
 
     def update(self, g: Any) -> float:
         """Apply ``g`` to ``w`` (after the previous exchange completed, for a sender), then a
         sender starts its next exchange. Returns the seconds blocked on the previous one."""
         waited = self.wait_exchange()
         with self.lock:
+            # σ of this gradient: the averages mixed into w since its snapshot (no local step
+            # can fall between: only this thread applies them). IBM §3, Table 1: "at best 1".
+            self.sigma_rows.append(
+                dict(
+                    learner=self.me, owner=self.me, version=self.snap_version,
+                    staleness=self.version() - self.snap_version, time=self.now(),
+                )
+            )  # fmt: skip
             self.apply(self.w, g, self.clock.own)
             self.clock.tick()
             if self.role == SENDER:
@@ -267,7 +283,7 @@ class Gossip:
                 learner=self.me,
                 step=self.clock.own,
                 partner=partner,
-                staleness=age(self.clock.own, partner_step),
+                partner_age=age(self.clock.own, partner_step),
                 partner_step=partner_step,
                 bytes=self.nbytes,
                 wait_time=time.perf_counter() - started,
@@ -278,6 +294,12 @@ class Gossip:
         self.exchanged += 1
 
     def take_rows(self) -> list[dict[str, Any]]:
+        """The ``exchanges`` rows recorded since the last call."""
         with self.lock:
             rows, self.rows = self.rows, []
+        return rows
+
+    def take_staleness(self) -> list[dict[str, Any]]:
+        """The ``staleness`` rows (one per applied gradient) since the last call."""
+        rows, self.sigma_rows = self.sigma_rows, []
         return rows

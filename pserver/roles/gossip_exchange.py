@@ -67,8 +67,10 @@ class GossipExchange:
     def gradient(self, g: Any) -> None:
         self.gossip.update(g)
         self.have[0] = steps = self.gossip.clock.own
-        self.average.stepped(self.gossip.w, steps)
+        tested = self.average.stepped(self.gossip.w, steps)
         self.flush_rows()
+        if tested and self.records is not None:  # the epoch's rows before its average model:
+            self.records.send()  # the statistics server's progress line then counts them
 
     def staleness(self) -> tuple[float, int]:
         return 0.0, 0
@@ -101,7 +103,9 @@ class GossipExchange:
         self.gossip.engine.start()
 
     def flush_rows(self) -> None:
-        rows = self.gossip.take_rows()
+        rows, sigma = self.gossip.take_rows(), self.gossip.take_staleness()
         if self.records is not None:
             for row in rows:
                 self.records.add("exchanges", **row)
+            for row in sigma:
+                self.records.add("staleness", **row)

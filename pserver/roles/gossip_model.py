@@ -68,11 +68,13 @@ class GossipModel:
         self.stopped = False  # this learner was stopped by a signal (the trainer says)
         self.final_reported = False  # resumed after the last epoch's average was reported
 
-    def stepped(self, w: Any, steps: int) -> None:
-        """After the learner's ``steps``-th update (main thread): the epochs it ended."""
+    def stepped(self, w: Any, steps: int) -> bool:
+        """After the learner's ``steps``-th update (main thread): the epochs it ended; whether
+        one of them is tested."""
         ends = self.counter.advance(min(steps * self.lam, self.total))
         self.due.extend(e for e in ends.tested if e < self.last_epoch)
         self.poll(w, steps)
+        return bool(ends.tested)
 
     def poll(self, w: Any, steps: int) -> None:
         """Report a completed average; post the next one due (never waits)."""

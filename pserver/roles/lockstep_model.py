@@ -43,21 +43,33 @@ class LockstepModel:
 
     def apply(self, g_sum: Any, step: int, computed_at: int, waited: float) -> None:
         """Apply the sum of the λ gradients of ``step`` (computed on model version
-        ``computed_at``), then the epoch ends that step completes, and its ``exchanges`` row."""
+        ``computed_at``), then the epoch ends that step completes, and its ``exchanges`` and
+        ``staleness`` rows."""
+        # σ (docs/stats.md, *Staleness σ*): averaged updates applied since the version this
+        # learner's gradient was computed on — SYNC 0, HYBRID 1 (IBM Table 1), measured here
         sigma = self.version - computed_at
         self.update.step(self.w, g_sum, self.plan.epoch(step), divisor=float(self.n_learners))
         self.version += 1
-        self.row(step, sigma, waited)
+        self.row(step, computed_at, sigma, waited)
         ends = self.plan.ends(step)
         for epoch in ends.ended:  # the same step on every learner: the drift is collective
             self.measure_drift(epoch)
+        if ends.tested:  # this epoch's rows before its model: the progress line counts them
+            self.records.send()
         for epoch in ends.tested:
             self.report.send(self.w, epoch, self.version)
 
-    def row(self, step: int, sigma: int, waited: float) -> None:
+    def row(self, step: int, computed_at: int, sigma: int, waited: float) -> None:
+        """One row per learner and step: its own gradient is one of the λ contributions of the
+        step's update, applied to its copy of the weights (all copies are equal)."""
+        now = self.ctx.now()
         self.records.add(
-            "exchanges", learner=self.index, step=step, partner=-1, staleness=sigma,
-            partner_step=-1, bytes=self.nbytes, wait_time=waited, time=self.ctx.now(),
+            "exchanges", learner=self.index, step=step, partner=-1, partner_age=-1,
+            partner_step=-1, bytes=self.nbytes, wait_time=waited, time=now,
+        )  # fmt: skip
+        self.records.add(
+            "staleness", learner=self.index, owner=self.index, version=computed_at,
+            staleness=sigma, time=now,
         )  # fmt: skip
 
     def measure_drift(self, epoch: int) -> None:

@@ -1,5 +1,5 @@
-"""The dump rows a shard writes (``docs/stats.md``): ``gradients``, ``updates``, ``delays``,
-and at the end ``servers`` and ``blocks``.
+"""The dump rows a shard writes (``docs/stats.md``): ``gradients``, ``staleness``, ``updates``,
+``delays``, and at the end ``servers`` and ``blocks``.
 
 Every block of a shard sees the same pushes in the same order and updates with the others, so
 the per-gradient and per-update rows come from the shard's first block alone: one row per shard
@@ -24,12 +24,20 @@ class ShardRows:
         self.records, self.shard, self.first_block, self.now = records, shard, first_block, now
 
     def gradient(self, block: int, learner: int, ts: int, sigma: int, update: int) -> None:
-        """One gradient's fate: ``update`` is the timestamp it entered, -1 if dropped."""
+        """One gradient's fate: ``update`` is the timestamp it entered, -1 if dropped. An
+        applied one is also a ``staleness`` row (docs/stats.md, *Staleness σ*): a dropped
+        gradient changed no weights, so it has no σ."""
         if block == self.first_block:
+            now = self.now()
             self.records.add(
                 "gradients", shard=self.shard, learner=learner, timestamp=ts, staleness=sigma,
-                update=update, time=self.now(),
+                update=update, time=now,
             )  # fmt: skip
+            if update != -1:
+                self.records.add(
+                    "staleness", learner=learner, owner=self.shard, version=ts,
+                    staleness=sigma, time=now,
+                )  # fmt: skip
 
     def update(self, block: int, d: UpdateDecision, lr: float) -> None:
         if block == self.first_block:

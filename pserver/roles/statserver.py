@@ -129,6 +129,7 @@ class StatsServer:
             handler(msg, status)
             self.writer.maybe_flush()
         self.skip_untested()
+        self.final_line()
         total = sum(sum(g.values()) for g in self.dropped.values())
         if total:
             self.ctx.log.warning(
@@ -198,10 +199,9 @@ class StatsServer:
                 dropped_records={str(r): g for r, g in sorted(self.dropped.items())},
                 dropped_records_total=sum(sum(g.values()) for g in self.dropped.values()),
             )
-        # the shards' gradients, or the learners-only strategies' exchanges (issue 12)
-        sigma = rows.get("gradients", {}).get("staleness") or rows.get("exchanges", {}).get(
-            "staleness"
-        )
+        # σ of every applied contribution, whatever the strategy: the dump's ``staleness`` rows,
+        # the record that summary, compare, plot, export and read_frames read (docs/stats.md)
+        sigma = rows.get("staleness", {}).get("staleness")
         if sigma:
             self.sigma_sum += sum(sigma)
             self.sigma_n += len(sigma)
@@ -248,20 +248,34 @@ class StatsServer:
             error=np.array([error]),
         )
         self.writer.maybe_flush()  # a flush per test would rewrite the dump every epoch
-        mean = self.sigma_sum / self.sigma_n if self.sigma_n else 0.0
         if self.cfg.stats.progress:
             self.ctx.log.info(
-                "epoch %d/%d  test error %.2f%%  loss %.4f  <sigma> %.2f  max sigma %d  "
+                "epoch %d/%d  test error %.2f%%  loss %.4f  %s  "
                 "%.0f samples/s  t=%.1fs  (test took %.2fs)",
                 epoch,
                 self.cfg.run.epochs,
                 100 * error,
                 loss,
-                mean,
-                self.sigma_max,
+                self.sigma_text(),
                 samples / max(now, 1e-9),
                 now,
                 time.perf_counter() - t,
+            )
+
+    def sigma_text(self) -> str:
+        """⟨σ⟩ and max σ over the ``staleness`` rows received so far (none yet: no figure)."""
+        if not self.sigma_n:
+            return "<sigma> -  max sigma -"
+        return f"<sigma> {self.sigma_sum / self.sigma_n:.2f}  max sigma {self.sigma_max}"
+
+    def final_line(self) -> None:
+        """The run's staleness once every rank's last rows are in: the number ``pserver-stats
+        summary`` (its ``staleness`` block) and ``compare`` show for this dump."""
+        if self.cfg.stats.progress:
+            self.ctx.log.info(
+                "staleness over the run  %s  over %d applied contributions",
+                self.sigma_text(),
+                self.sigma_n,
             )
 
     def skip(self, epoch: int, blocks: int) -> None:

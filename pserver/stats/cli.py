@@ -48,7 +48,7 @@ def format_histogram(hist: dict[int, int], width: int = BAR_WIDTH) -> list[str]:
     """Text bars of a staleness histogram: σ, count, probability and a bar scaled to the mode."""
     rows = histogram_rows(hist)
     if not rows:
-        return ["  (no applied gradients)"]
+        return ["  (no applied contributions)"]
     total = sum(hist.values())
     peak = max(count for _, count in rows)
     label_w = max(len("σ"), *(len(label) for label, _ in rows))
@@ -63,32 +63,38 @@ def _fmt(value: Any, spec: str = ".4g") -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def _exchange_lines(ex: dict[str, Any]) -> list[str]:
-    """The learners-only strategies' staleness (``exchanges`` rows) and drift."""
-    st = ex["staleness"]
-    drift = f"   max drift |w_i - w_0| {_fmt(ex.get('max_drift'))}" if "max_drift" in ex else ""
-    return [
-        f"exchanges    {ex['count']}   wait {_fmt(ex.get('wait_time'), '.2f')} s{drift}",
-        f"staleness    ⟨σ⟩ over exchanges {_fmt(st['mean'])}   max σ {_fmt(st['max'])}   "
-        f"p50 {_fmt(st['p50'])}   p99 {_fmt(st['p99'])}",
-        *format_histogram(st["histogram"]),
+def _sigma_lines(st: dict[str, Any], eq2: str = "") -> list[str]:
+    """σ over the applied contributions (``summary["staleness"]``, docs/stats.md): the same
+    number whatever the strategy, then its percentiles, Rudra's 2n bound and the histogram."""
+    lines = [
+        f"staleness    ⟨σ⟩ over gradients {_fmt(st['mean'])}   {eq2}max σ {_fmt(st['max'])}"
+        f"   ({st['count']} applied)",
+        f"             p50 {_fmt(st['p50'])}   p90 {_fmt(st['p90'])}   p99 {_fmt(st['p99'])}",
     ]
+    if "bound_2n" in st:
+        lines[-1] += f"   σ ≤ 2n = {st['bound_2n']}: {100 * st['fraction_within_2n']:.2f} %"
+    return lines + format_histogram(st["histogram"])
+
+
+def _exchange_lines(ex: dict[str, Any]) -> list[str]:
+    """The learners-only strategies' exchanges, drift and (ADPSGD) partner models' age."""
+    drift = f"   max drift |w_i - w_0| {_fmt(ex.get('max_drift'))}" if "max_drift" in ex else ""
+    lines = [f"exchanges    {ex['count']}   wait {_fmt(ex.get('wait_time'), '.2f')} s{drift}"]
+    age = ex.get("partner_age")
+    if age and age["count"]:
+        lines.append(
+            f"partner age  ⟨age⟩ {_fmt(age['mean'])}   max {_fmt(age['max'])}   (steps the "
+            "neighbour's model was behind ours when averaged; not σ)"
+        )
+    return lines
 
 
 def _staleness_lines(summary: dict[str, Any]) -> list[str]:
     ex = summary.get("exchanges", {})
     if ex.get("count") and not summary["gradients"]["count"]:  # a learners-only run
-        return _exchange_lines(ex)
-    grads, upd = summary["gradients"], summary["updates"]
-    st = grads["staleness"]
-    lines = [
-        f"staleness    ⟨σ⟩ over gradients {_fmt(st['mean'])}   "
-        f"⟨σ⟩ over updates (eq. 2) {_fmt(upd.get('mean_staleness'))}   max σ {_fmt(st['max'])}",
-        f"             p50 {_fmt(st['p50'])}   p90 {_fmt(st['p90'])}   p99 {_fmt(st['p99'])}",
-    ]
-    if "bound_2n" in grads:
-        lines[-1] += f"   σ ≤ 2n = {grads['bound_2n']}: {100 * grads['fraction_within_2n']:.2f} %"
-    return lines + format_histogram(st["histogram"])
+        return _exchange_lines(ex) + _sigma_lines(summary["staleness"])
+    eq2 = f"⟨σ⟩ over updates (eq. 2) {_fmt(summary['updates'].get('mean_staleness'))}   "
+    return _sigma_lines(summary["staleness"], eq2)
 
 
 def _learner_lines(learners: dict[int, dict[str, Any]]) -> list[str]:

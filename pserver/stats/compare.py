@@ -1,10 +1,13 @@
 """``pserver-stats compare RUN... [--out FILE.png] [--csv FILE]``: runs side by side.
 
-Each run is labelled by the config keys in which the runs differ
-(:func:`pserver.stats.tables.labels`); the table gives, per run, the final and best test error,
-the wall time, ⟨σ⟩ and max σ over the applied gradients, and samples per second. ``--csv``
-writes the same rows (every column of :data:`pserver.stats.tables.RUN_COLUMNS`, then each
-differing key); ``--out`` the four-panel figure of :mod:`pserver.stats.compare_plots`.
+Runs that differ only in their seed are one experiment (:mod:`pserver.stats.compare_seeds`):
+one row, each figure the mean over the seeds with ``± std``. Each row is labelled by the config
+keys in which the experiments differ (:func:`pserver.stats.tables.labels`); the table gives the
+final and best test error, the wall time, ⟨σ⟩ and max σ over the applied contributions, and
+samples per second. ``--csv`` writes the same rows (every column of
+:data:`pserver.stats.tables.RUN_COLUMNS` and :data:`pserver.stats.compare_seeds.GROUP_COLUMNS`,
+then each differing key); ``--out`` the four-panel figure of
+:mod:`pserver.stats.compare_plots`, one curve and band per experiment.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from pserver.dump.reader import Dump
+from pserver.stats.compare_seeds import comparison_rows, group_labels, seed_groups
 from pserver.stats.export import write_columns
-from pserver.stats.tables import comparison_rows, labels, run_config
+from pserver.stats.tables import run_config
 
 #: (header, column, format) of the printed table
 TABLE = (
@@ -35,13 +39,23 @@ def fmt(value: Any, spec: str) -> str:
         return "-"
     if spec == "pct":
         return f"{100 * value:.2f}"
+    if spec == "d":  # a mean over seeds may be fractional
+        return str(int(value)) if float(value).is_integer() else f"{value:.1f}"
     return format(value, spec)
 
 
+def cell(row: dict[str, Any], column: str, spec: str) -> str:
+    """``mean ± std`` for an experiment of several seeds, else the run's figure."""
+    std = row.get(f"{column}_std")
+    if row.get("runs", 1) < 2 or std is None:
+        return fmt(row[column], spec)
+    return f"{fmt(row[column], spec)} ± {fmt(std, '.2f' if spec in ('d', 'g') else spec)}"
+
+
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The runs as a text table, one line per run, the label first."""
+    """The runs as a text table, one line per run (or experiment), the label first."""
     header = ["run", *(h for h, _, _ in TABLE)]
-    cells = [[r["label"], *(fmt(r[c], spec) for _, c, spec in TABLE)] for r in rows]
+    cells = [[r["label"], *(cell(r, c, spec) for _, c, spec in TABLE)] for r in rows]
     widths = [max(len(line[i]) for line in [header, *cells]) for i in range(len(header))]
 
     def line(row: Sequence[str]) -> str:
@@ -69,6 +83,7 @@ def compare(dumps: Sequence[Dump], out: Path | None = None, csv: Path | None = N
     if out is not None:
         from pserver.stats.compare_plots import save_compare_figure  # matplotlib only here
 
-        names = labels([run_config(d) for d in dumps], [str(d.path) for d in dumps])
-        lines.append(f"figure: {save_compare_figure(dumps, names, out)}")
+        groups = seed_groups([run_config(d) for d in dumps])
+        series = [[dumps[i] for i in g] for g in groups]
+        lines.append(f"figure: {save_compare_figure(series, group_labels(dumps, groups), out)}")
     return "\n".join(lines)

@@ -1,8 +1,9 @@
 """``pserver-stats export RUN --csv DIR``: the dump as CSV files a spreadsheet or R reads.
 
 One file per non-empty group (``test.csv``, ``train.csv``, ``updates.csv``, …: the columns of
-docs/stats.md, a vector clock as space-separated timestamps), ``staleness.csv`` (σ, count,
-probability over the applied gradients) and ``run.csv``: one row with the run's facts
+docs/stats.md, a vector clock as space-separated timestamps; the ``staleness`` group's rows as
+``staleness_rows.csv``), ``staleness.csv`` (σ, count, probability over the applied
+contributions) and ``run.csv``: one row with the run's facts
 (:data:`pserver.stats.tables.RUN_COLUMNS`) and its whole configuration as ``config.<key>``
 columns, so the ``run.csv`` of several runs concatenate into one table.
 
@@ -23,6 +24,8 @@ from pserver.dump.schema import MODEL_WEIGHTS
 from pserver.stats.tables import flatten, group_table, run_facts, staleness_distribution
 
 MODEL_GROUP = MODEL_WEIGHTS.split("/")[0]
+#: file names that are not ``<group>.csv``: ``staleness.csv`` is the distribution of σ
+FILE_NAMES = {"staleness": "staleness_rows.csv"}
 
 
 def cell(value: Any) -> Any:
@@ -64,7 +67,7 @@ def export_csv(dump: Dump, outdir: Path) -> list[Path]:
             continue
         table = group_table(dump, name)
         if table and dump.rows(name):
-            written.append(write_columns(outdir / f"{name}.csv", table))
+            written.append(write_columns(outdir / FILE_NAMES.get(name, f"{name}.csv"), table))
     dist = staleness_distribution(dump)
     if dist["count"].size:
         written.append(write_columns(outdir / "staleness.csv", dist))

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 from pserver.dump.reader import Dump, summarize
 from pserver.dump.schema import GROUPS
 from pserver.errors import PserverError
+from pserver.stats.compare_seeds import comparison_rows
 from pserver.stats.runs import load_run
-from pserver.stats.tables import comparison_rows, group_table, run_config, staleness_distribution
+from pserver.stats.tables import group_table, run_config, staleness_distribution
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -90,8 +91,10 @@ def read_frame(run: str | Path, group: str) -> pd.DataFrame:
 
 
 def compare_frame(runs: Sequence[str | Path]) -> pd.DataFrame:
-    """One row per run: its label (the config keys in which the runs differ), then the columns
-    of :data:`pserver.stats.tables.RUN_COLUMNS`, then each differing key's value."""
+    """One row per run, or per experiment where runs differ only in seed (mean, ``*_std``):
+    its label (the config keys in which the runs differ), then the columns of
+    :data:`pserver.stats.tables.RUN_COLUMNS` and
+    :data:`pserver.stats.compare_seeds.GROUP_COLUMNS`, then each differing key's value."""
     pd = pandas()
     dumps = [load_run(r) for r in runs]
     return pd.DataFrame(comparison_rows(dumps))

@@ -14,7 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from pserver.dump.reader import Dump, exchange_staleness
+from pserver.dump.reader import Dump, applied_staleness
 
 MAX_LEGEND_ENTRIES = 12  # beyond this a legend hides the plot (Rudra ran 30-54 learners)
 TIME_LABEL = "wall time (s)"
@@ -49,8 +49,8 @@ def smooth(values: np.ndarray, window: int) -> np.ndarray:
     return (csum[idx] - csum[lo]) / (idx - lo)
 
 
-SIGMA_LABEL = "gradient staleness σ (weight updates)"
-PROB_LABEL = "probability (share of applied gradients)"
+SIGMA_LABEL = "staleness σ (weight updates)"
+PROB_LABEL = "probability (share of applied contributions)"
 
 
 def staleness_axes(ax: Axes, max_sigma: int, probabilities: Sequence[float]) -> None:
@@ -87,14 +87,9 @@ def staleness_figure(dump: Dump) -> Figure:
     """Probability of each staleness value σ per learner, as in Rudra Fig. 3 (inset)."""
     fig = Figure(figsize=(6.4, 4.2))
     ax = fig.add_subplot()
-    grads = dump.group("gradients")
-    n = dump.rows("gradients") if "staleness" in grads else 0
-    applied = grads["update"][:n] != -1 if "update" in grads else np.ones(n, dtype=bool)
-    stale = grads["staleness"][applied] if n else np.zeros(0, np.int64)
-    learner = grads["learner"][applied] if n and "learner" in grads else np.zeros_like(stale)
+    # every strategy's σ from one record (docs/stats.md, *Staleness σ*)
+    stale, learner = applied_staleness(dump)
     probs: list[float] = []
-    if stale.size == 0:  # a learners-only run: the exchanges' σ (issue 12)
-        stale, learner = exchange_staleness(dump)
     if stale.size == 0:
         _empty(ax, "gradients")
         mean_text = "n/a"

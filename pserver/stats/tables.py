@@ -14,6 +14,7 @@ import numpy as np
 
 from pserver import strategies
 from pserver.dump.reader import Dump, summarize
+from pserver.dump.reader import applied_staleness as reader_staleness
 from pserver.errors import PserverError
 
 #: keys that differ between any two runs without saying anything about the experiment
@@ -43,8 +44,8 @@ RUN_COLUMNS = {
     "best_error": "lowest test error (fraction)",
     "best_epoch": "epoch of the lowest test error",
     "wall_time_s": "seconds from start to end (estimated from the last row if unclean)",
-    "mean_staleness": "⟨σ⟩ over the applied gradients (updates)",
-    "max_staleness": "largest σ of an applied gradient (updates)",
+    "mean_staleness": "⟨σ⟩ over the applied contributions (docs/stats.md, Staleness σ)",
+    "max_staleness": "largest σ of an applied contribution",
     "updates": "weight updates (all shards)",
     "samples": "training samples processed",
     "samples_per_s": "training samples per second of wall time",
@@ -139,7 +140,7 @@ def labels(configs: Sequence[Mapping[str, Any]], fallback: Sequence[str]) -> lis
 def run_facts(dump: Dump, label: str = "") -> dict[str, Any]:
     """One row of :data:`RUN_COLUMNS` for the dump (``None`` where the dump has no figure)."""
     s = summarize(dump)
-    st, test, upd = s["gradients"]["staleness"], s["test"], s["updates"]
+    st, test, upd = s["staleness"], s["test"], s["updates"]
     return {
         "label": label or str(dump.path),
         "dump": str(dump.path),
@@ -172,13 +173,9 @@ def group_table(dump: Dump, name: str) -> dict[str, Any]:
 
 
 def applied_staleness(dump: Dump) -> np.ndarray:
-    """σ of every applied gradient (dropped ones, ``update == -1``, never entered a clock)."""
-    grads = dump.group("gradients")
-    n = dump.rows("gradients")
-    if not n or "staleness" not in grads:
-        return np.zeros(0, np.int64)
-    applied = grads["update"] != -1 if "update" in grads else np.ones(n, dtype=bool)
-    return np.asarray(grads["staleness"][applied], dtype=np.int64)
+    """σ of every applied contribution, whatever the strategy (docs/stats.md, *Staleness σ*;
+    :func:`pserver.dump.reader.applied_staleness`)."""
+    return reader_staleness(dump)[0]
 
 
 def staleness_distribution(dump: Dump) -> dict[str, np.ndarray]:
@@ -191,17 +188,3 @@ def staleness_distribution(dump: Dump) -> dict[str, np.ndarray]:
         "count": counts.astype(np.int64),
         "probability": counts / total,
     }
-
-
-def comparison_rows(dumps: Sequence[Dump]) -> list[dict[str, Any]]:
-    """One row per dump: :func:`run_facts` under the runs' :func:`labels`, then the value of
-    each key in which their configs differ (``pserver-stats compare``, ``compare_frame``)."""
-    configs = [run_config(d) for d in dumps]
-    names = labels(configs, [str(d.path) for d in dumps])
-    keys = differing_keys(configs)
-    rows = []
-    for dump, cfg, label in zip(dumps, configs, names, strict=True):
-        row = run_facts(dump, label)
-        row.update({k: cfg.get(k) for k in keys})
-        rows.append(row)
-    return rows
