@@ -58,7 +58,8 @@ class ClusterConfig:
 class ProtocolConfig:
     """Every strategy's keys side by side. Which key belongs to which strategy, its bound and
     its checks are the registry's (``pserver.strategies``; types and defaults tested equal):
-    a key the chosen strategy does not use is refused or warned about (``unused``)."""
+    a key the chosen strategy does not use is refused (typed on the command line) or listed at
+    start (from the file) (``pserver.plan.unused``)."""
 
     name: str = "hardsync"
     n: int = 1  # softsync: update after floor(lambda / n) gradients
@@ -188,12 +189,17 @@ class Config:
     # the keys given in the file or the overrides ("section.key"), recorded by build(): a key
     # is "set" when it was given, even at its default value
     given: frozenset[str] = field(default_factory=frozenset, repr=False, compare=False)
+    # those of ``given`` typed on the command line: an override the run would not read is an
+    # error, a file's key only listed (pserver.plan.unused)
+    overridden: frozenset[str] = field(default_factory=frozenset, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
 
-SECTIONS = tuple(f.name for f in dataclasses.fields(Config) if f.name != "given")
+SECTIONS = tuple(
+    f.name for f in dataclasses.fields(Config) if f.name not in ("given", "overridden")
+)
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -282,6 +288,7 @@ def _load(path: str | Path | None, overrides: list[str] | tuple[str, ...]) -> Co
             raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
         except OSError as e:
             raise ConfigError(f"config file {str(p)!r} cannot be read: {e.strerror}") from None
+    typed = set()
     for item in overrides:
         key, value = parse_override(item)
         section, _, name = key.partition(".")
@@ -289,7 +296,10 @@ def _load(path: str | Path | None, overrides: list[str] | tuple[str, ...]) -> Co
         if not isinstance(raw[section], dict):
             raise ConfigError(f"{section!r} must be a table, not {raw[section]!r}")
         raw[section][name] = value
-    return validate(build(raw))
+        typed.add(key)
+    cfg = build(raw)
+    cfg.overridden = frozenset(typed)
+    return validate(cfg)
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -430,9 +440,9 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
-def warnings(cfg: Config) -> list[str]:
-    """The given keys this run ignores but does not refuse (``pserver.plan.unused.WARNED``): rank 0
-    logs them once at start."""
+def unread(cfg: Config) -> list[str]:
+    """The config file's keys this run does not read (``key = value (owner)``, from
+    ``pserver.plan.unused``): rank 0 lists them once at start, at INFO level."""
     return unused(cfg)[1]
 
 

@@ -119,12 +119,17 @@ def make_layout(world_size: int, cfg: Config, nodes: Sequence[int] | None = None
         )
     need = fixed + max(n_learners, 1) + tree_size(max(n_learners, 1), k)
     if n_learners < 1 or world_size != fixed + n_learners + tree_size(n_learners, k):
-        wanted = "all remaining ranks" if cfg.cluster.learners == 0 else str(n_learners)
         tree = f" + {tree_size(max(n_learners, 1), k)} aggregator(s) (tree_fanout {k})" if k else ""
+        if cfg.cluster.learners:  # λ asked for: the -n that gives it under this strategy
+            raise TopologyError(
+                f"cluster.learners = {n_learners} under protocol.name = "
+                f'"{cfg.protocol.name}" needs mpiexec -n {need} ({n_servers} server(s) + 1 '
+                f"statistics server + 1 data server + {n_learners} learner(s){tree}), not "
+                f"{world_size} ranks: run with mpiexec -n {need} or set cluster.learners=0"
+            )
         raise TopologyError(
             f"world size {world_size} does not fit {n_servers} server(s) + 1 statistics server "
-            f"+ 1 data server + {wanted} learner(s){tree}: run with mpiexec -n {need}"
-            + ("" if cfg.cluster.learners == 0 else " or set cluster.learners=0")
+            f"+ 1 data server + all remaining ranks learner(s){tree}: run with mpiexec -n {need}"
         )
     servers = tuple(range(n_servers))
     if not k:
