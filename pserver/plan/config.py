@@ -92,6 +92,14 @@ class OptimConfig:
     eps: float = 1e-8
     lr_milestones: list[int] = field(default_factory=list)  # epochs where lr is multiplied
     lr_gamma: float = 0.1  # by this factor (step decay)
+    # linear warm-up (pserver.optim.rules.scheduled_lr): from warmup_start·lr to lr over this
+    # many epochs (fractional allowed; PP-ASGD: 1 epoch from 0; IBM: 10 epochs from 0.1)
+    warmup_epochs: float = 0.0
+    warmup_start: float = 0.0
+    # per-epoch annealing: lr × lr_decay every epoch from epoch lr_decay_from (0-based) on
+    # (IBM: 1/√2 from the 11th epoch, lr_decay_from = 10); 1: none
+    lr_decay: float = 1.0
+    lr_decay_from: int = 1
 
 
 @dataclass
@@ -225,6 +233,8 @@ POSITIVE = {
     "run.epochs",
     "optim.lr",
     "optim.lr_gamma",
+    "optim.lr_decay",
+    "optim.lr_decay_from",
     "data.batch_size",
     "data.prefetch",
     "data.n_samples",
@@ -251,6 +261,8 @@ NON_NEGATIVE = {
     "cluster.bcast_fanout",
     "comm.versions",
     "optim.momentum",
+    "optim.warmup_epochs",
+    "optim.warmup_start",
     "optim.weight_decay",
     "optim.eps",
     "run.seed",
@@ -417,6 +429,7 @@ def validate(cfg: Config) -> Config:
         )
     if cfg.data.source == "hdf5" and not cfg.data.path:
         raise ConfigError('data.source = "hdf5" needs data.path, the HDF5 file with X and y')
+    check_schedule(cfg.optim)
     m = cfg.optim.lr_milestones
     if any(e <= 0 for e in m) or any(b <= a for a, b in zip(m, m[1:], strict=False)):
         raise ConfigError(
@@ -438,6 +451,20 @@ def validate(cfg: Config) -> Config:
     if refused:
         raise ConfigError(refused[0])
     return cfg
+
+
+def check_schedule(o: OptimConfig) -> None:
+    """The warm-up and annealing shares: a factor outside (0, 1] would grow the rate."""
+    if o.warmup_start > 1.0:
+        raise ConfigError(
+            f"optim.warmup_start = {o.warmup_start!r}: expected a share of optim.lr in [0, 1] "
+            "(the warm-up rises from warmup_start·lr to lr)"
+        )
+    if o.lr_decay > 1.0:
+        raise ConfigError(
+            f"optim.lr_decay = {o.lr_decay!r}: expected a factor in (0, 1] (the rate is "
+            "multiplied by it every epoch from optim.lr_decay_from on; 1: no annealing)"
+        )
 
 
 def unread(cfg: Config) -> list[str]:

@@ -89,6 +89,10 @@ def rules() -> list[Rule]:
         Rule("data.test_fraction", "splitting the data (data.test_path empty)",
              lambda cfg: not (cfg.data.source == "hdf5" and cfg.data.test_path),
              setting("data.test_path")),
+        Rule("optim.warmup_start", "a warm-up (optim.warmup_epochs > 0)",
+             lambda cfg: cfg.optim.warmup_epochs > 0, setting("optim.warmup_epochs")),
+        Rule("optim.lr_decay_from", "annealing (optim.lr_decay < 1)",
+             lambda cfg: cfg.optim.lr_decay != 1.0, setting("optim.lr_decay")),
         *(Rule(f"protocol.{k}", "protocol.predict = true (PP-ASGD)",
                lambda cfg: cfg.protocol.predict, setting("protocol.predict"))
           for k in ("predict_steps", "predict_probe")),

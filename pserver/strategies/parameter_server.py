@@ -157,7 +157,13 @@ CHECKS = (
 )  # fmt: skip
 
 
-def lr_policy(cfg: Config) -> str:
-    """``protocol.lr_policy`` with ``auto`` resolved for the strategies of eq. 6 (mean)."""
+def lr_policy(cfg: Config, auto: str = "nominal") -> str:
+    """``protocol.lr_policy`` with ``auto`` resolved to the strategy's default, ``auto``.
+
+    n-softsync and async: ``nominal``, Rudra's eq. (6) as published, α0/n (α0/λ for async),
+    the rule of the paper's Fig. 4 and Table IV; the measured variants (``mean``:
+    α0/max(⟨σ⟩, 1) of each update's measured ⟨σ⟩; ``per-gradient``: footnote 2's 1/max(σ, 1))
+    are options under their own names. SSP passes ``mean``: it has no n (docs/protocols.md,
+    *Deviations from the papers*)."""
     p = cfg.protocol.lr_policy
-    return "mean" if p == "auto" else p
+    return auto if p == "auto" else p
