@@ -52,6 +52,9 @@ class ClusterConfig:
     learners: int = 0  # 0: every rank left after servers, stats and data server
     tree_fanout: int = 0  # 0: flat (Rudra-base); k >= 2: aggregator tree (Rudra-adv)
     bcast_fanout: int = 0  # 0: every learner pulls upstream; k >= 2: learner broadcast tree (adv*)
+    # root: one broadcast tree over every learner, fed from the top (Rudra §III-C, adv*); group:
+    # one tree per upstream (shard or leaf aggregator) (pserver.plan.topology.broadcast_tree)
+    bcast_tree: str = "root"
 
 
 @dataclass
@@ -214,6 +217,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "run.device": ("cpu", "gpu", "auto"),
     "run.log_level": ("debug", "info", "warning", "error"),
     "run.epoch_basis": ("applied", "computed"),
+    "cluster.bcast_tree": ("root", "group"),
     "protocol.name": strategies.names(),
     "protocol.lr_policy": ("auto", "none", "mean", "per-gradient", "nominal"),
     "protocol.pull_timestamp": ("auto", "iteration", "block"),

@@ -89,6 +89,8 @@ def rules() -> list[Rule]:
         Rule("data.test_fraction", "splitting the data (data.test_path empty)",
              lambda cfg: not (cfg.data.source == "hdf5" and cfg.data.test_path),
              setting("data.test_path")),
+        Rule("cluster.bcast_tree", "a learner broadcast tree (cluster.bcast_fanout >= 2)",
+             lambda cfg: cfg.cluster.bcast_fanout > 0, setting("cluster.bcast_fanout")),
         Rule("optim.warmup_start", "a warm-up (optim.warmup_epochs > 0)",
              lambda cfg: cfg.optim.warmup_epochs > 0, setting("optim.warmup_epochs")),
         Rule("optim.lr_decay_from", "annealing (optim.lr_decay < 1)",
