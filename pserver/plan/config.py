@@ -24,6 +24,7 @@ from pserver import strategies
 from pserver.errors import ConfigError
 from pserver.plan.limits import MAX_CLASSES, MAX_POLL, MAX_SIZE_MIB
 from pserver.plan.unused import unused
+from pserver.strategies.collective import SHARD_KEYS
 from pserver.strategies.parameter_server import round_rule
 
 if typing.TYPE_CHECKING:
@@ -203,13 +204,16 @@ class Config:
     # those of ``given`` typed on the command line: an override the run would not read is an
     # error, a file's key only listed (pserver.plan.unused)
     overridden: frozenset[str] = field(default_factory=frozenset, repr=False, compare=False)
+    # the file's shard keys a learners-only strategy cannot read, reset to their defaults so that
+    # they take no effect: key -> the file's value (listed at start, pserver.plan.unused)
+    set_aside: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
 
 SECTIONS = tuple(
-    f.name for f in dataclasses.fields(Config) if f.name not in ("given", "overridden")
+    f.name for f in dataclasses.fields(Config) if f.name not in ("given", "overridden", "set_aside")
 )
 
 
@@ -397,6 +401,7 @@ def validate(cfg: Config) -> Config:
         if not get(cfg, key) >= 0:
             raise ConfigError(f"{key} = {get(cfg, key)!r}: expected a value >= 0")
     strategy = strategies.lookup(cfg.protocol.name)
+    set_aside_shard_keys(strategy, cfg)
     default_servers(strategy, cfg)
     check_ranks(strategy, cfg)
     inject_plan(cfg).validate()
@@ -477,10 +482,28 @@ def unread(cfg: Config) -> list[str]:
     return unused(cfg)[1]
 
 
+def set_aside_shard_keys(strategy: strategies.Strategy, cfg: Config) -> None:
+    """A learners-only strategy run from a file written for a comparison (``examples/psp.toml``
+    with ``protocol.name=sync``): the file's shard keys (``cluster.servers``, trees, blocks,
+    shard faults) are reset to their defaults, so that none takes effect, and listed at start.
+    Typed on the command line they are refused (``pserver.strategies.collective``)."""
+    if strategy.ranks.servers:
+        return
+    defaults = Config()
+    defaults.cluster.servers = 0  # a learners-only run has no shard
+    for key in ("cluster.servers", *SHARD_KEYS):
+        if key in cfg.given and key not in cfg.overridden:
+            section, name = key.split(".")
+            cfg.set_aside[key] = get(cfg, key)
+            setattr(getattr(cfg, section), name, get(defaults, key))
+
+
 def default_servers(strategy: strategies.Strategy, cfg: Config) -> None:
     """A learners-only strategy runs no shard: ``cluster.servers`` not given means 0 there
     (a given nonzero value is refused by :func:`check_ranks`)."""
-    if not strategy.ranks.servers and "cluster.servers" not in cfg.given:
+    if not strategy.ranks.servers and (
+        "cluster.servers" not in cfg.given or "cluster.servers" in cfg.set_aside
+    ):
         cfg.cluster.servers = 0
 
 

@@ -113,6 +113,8 @@ def unused(cfg: Any) -> tuple[list[str], list[str]]:
             refused.append(rule.message(cfg))
         else:
             unread.setdefault(rule.key, rule.short(cfg))
+    for key, value in getattr(cfg, "set_aside", {}).items():  # reset: the file's value is said
+        unread.setdefault(key, f"{key} = {json.dumps(value)} (strategies with shards)")
     return refused, list(unread.values())
 
 
