@@ -69,8 +69,8 @@ def test_a_comparison_files_shard_keys_are_set_aside_for_sync():
     cfg = load_config(ROOT / "examples" / "psp.toml", ['protocol.name="sync"'])
     assert cfg.cluster.servers == 0 and cfg.blocks.count == 1 and cfg.cluster.learners == 4
     listed = unread(cfg)
-    assert "cluster.servers = 4 (strategies with shards)" in listed
-    assert "blocks.count = 8 (strategies with shards)" in listed
+    assert "cluster.servers = 4 (the strategies with shards)" in listed
+    assert "blocks.count = 8 (the strategies with shards)" in listed
     assert cfg.set_aside["blocks.count"] == 8
     with pytest.raises(ConfigError, match="cluster.servers = 4: protocol.name = 'sync' runs"):
         load_config(ROOT / "examples" / "psp.toml", ['protocol.name="sync"', "cluster.servers=4"])

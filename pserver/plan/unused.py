@@ -38,6 +38,7 @@ class Rule:
     belongs: str
     used: Callable[[Any], bool]
     chooser: Callable[[Any], str]
+    label: str = ""  # ``belongs`` in fewer words, for the start-up list ("" : belongs itself)
 
     def message(self, cfg: Any) -> str:
         section, name = self.key.split(".")
@@ -49,7 +50,7 @@ class Rule:
         """``protocol.c = 2 (psp)``: the key, its value and its owner, for the start-up list."""
         section, name = self.key.split(".")
         value = json.dumps(getattr(getattr(cfg, section), name))
-        return f"{self.key} = {value} ({self.belongs})"
+        return f"{self.key} = {value} ({self.label or self.belongs})"
 
 
 def setting(key: str) -> Callable[[Any], str]:
@@ -69,13 +70,17 @@ def choice_rule(key: str, selector: str, values: tuple[str, ...]) -> Rule:
 def protocol_rules() -> list[Rule]:
     """One rule per ``protocol.*`` key that some strategy does not use (from the registry)."""
     rules = []
+    family = {f: {s.name for s in strategies.REGISTRY.values() if s.family == f}
+              for f in strategies.FAMILIES}  # fmt: skip
     for key in strategies.params():
         owners = strategies.owners(key)
         if len(owners) < len(strategies.REGISTRY):
+            whole = [f for f, names in family.items() if names and names == set(owners)]
+            label = f"the {whole[0].replace(' ', '-')} strategies" if whole else ""
             rules.append(Rule(
                 f"protocol.{key}", " and ".join(owners),
                 lambda cfg, owners=owners: cfg.protocol.name in owners,
-                setting("protocol.name"),
+                setting("protocol.name"), label,
             ))
     return rules
 
@@ -114,7 +119,7 @@ def unused(cfg: Any) -> tuple[list[str], list[str]]:
         else:
             unread.setdefault(rule.key, rule.short(cfg))
     for key, value in getattr(cfg, "set_aside", {}).items():  # reset: the file's value is said
-        unread.setdefault(key, f"{key} = {json.dumps(value)} (strategies with shards)")
+        unread.setdefault(key, f"{key} = {json.dumps(value)} (the strategies with shards)")
     return refused, list(unread.values())
 
 
