@@ -1,7 +1,9 @@
 """Serial SGD on one process: the reference a parallel run with λ = 1 must reproduce.
 
 Same seed, same initial weights, same minibatch stream (one ``BatchSampler``), same update rule
-and learning rate as the parameter server applies with a single learner.
+and learning rate as the parameter server applies with a single learner: the schedule
+(``scheduled_lr``: warm-up, step decay, annealing) at the fractional epoch of the samples before
+each step, ``step · μ / N``, as a shard counts its applied gradients.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def train_serial(
     for step in range(serial_steps(cfg, n_train) if steps is None else steps):
         idx = sampler.next()
         model.loss_grad(w, dataset.X_train[idx], dataset.y_train[idx], grad)
-        updater.step(w, grad, scheduled_lr(cfg.optim, step * batch // n_train))
+        updater.step(w, grad, scheduled_lr(cfg.optim, step * batch / n_train))
     return w
 
 
@@ -62,7 +64,7 @@ def train_serial_predicted(
         idx = sampler.next()
         model.loss_grad(predictor.serve(w, velocity, served), dataset.X_train[idx],
                         dataset.y_train[idx], grad)  # fmt: skip
-        lr = scheduled_lr(cfg.optim, step * batch // n_train)
+        lr = scheduled_lr(cfg.optim, step * batch / n_train)
         updater.step(w, grad, lr)
         predictor.after_update(step + 1, 0.0, lr, w, velocity)
     return w
@@ -87,10 +89,10 @@ def train_serial_delayed(cfg: Config, dataset: Dataset, steps: int | None = None
         model.loss_grad(w, dataset.X_train[idx], dataset.y_train[idx], grads[step % 2])
         if step > 0:
             prev = step - 1
-            updater.step(w, grads[prev % 2], scheduled_lr(cfg.optim, prev * batch // n_train))
+            updater.step(w, grads[prev % 2], scheduled_lr(cfg.optim, prev * batch / n_train))
     if n > 0:
         last = n - 1
-        updater.step(w, grads[last % 2], scheduled_lr(cfg.optim, last * batch // n_train))
+        updater.step(w, grads[last % 2], scheduled_lr(cfg.optim, last * batch / n_train))
     return w
 
 

@@ -57,3 +57,20 @@ def test_hybrid_in_every_mode_needs_thread_multiple():
             check_exchange_thread(cfg, LEVELS["THREAD_SERIALIZED"], LEVELS)
     sync = load_config(None, ['protocol.name="sync"'])
     check_exchange_thread(sync, LEVELS["THREAD_SINGLE"], LEVELS)  # no thread: nothing to check
+
+
+def test_a_comparison_files_shard_keys_are_set_aside_for_sync():
+    """examples/psp.toml (4 shards, 8 blocks, shard delays) run with protocol.name=sync: its shard
+    keys take no effect and are listed at start (issue 25: one file serves a comparison)."""
+    from mpirun import ROOT
+
+    from pserver.plan.config import unread
+
+    cfg = load_config(ROOT / "examples" / "psp.toml", ['protocol.name="sync"'])
+    assert cfg.cluster.servers == 0 and cfg.blocks.count == 1 and cfg.cluster.learners == 4
+    listed = unread(cfg)
+    assert "cluster.servers = 4 (the strategies with shards)" in listed
+    assert "blocks.count = 8 (the strategies with shards)" in listed
+    assert cfg.set_aside["blocks.count"] == 8
+    with pytest.raises(ConfigError, match="cluster.servers = 4: protocol.name = 'sync' runs"):
+        load_config(ROOT / "examples" / "psp.toml", ['protocol.name="sync"', "cluster.servers=4"])

@@ -80,7 +80,7 @@ def test_every_config_key_is_documented():
         ["comm.mode=thread"],
         ["comm.mode=nonblocking"],
         ["cluster.tree_fanout=2"],
-        ["protocol.pull_fraction=0.5"],
+        ["protocol.pull_fraction=0.5", "blocks.count=4"],
     ],
 )
 def test_shared_transport_refused_where_a_slot_could_be_overwritten(overrides):

@@ -37,9 +37,10 @@ def test_ma_one_learner_tau_one_is_serial_sgd_bit_for_bit(tmp_path):
         (1, ["protocol.name=ma", "optim.rule=nesterov"]),
         (2, ["protocol.name=bmuf", "protocol.block_momentum=0.5", "blocks.count=2",
              "comm.staging=always", "optim.lr_milestones=[1]", "optim.lr_gamma=0.2"]),
+        (1, ["protocol.name=bmuf", "optim.warmup_epochs=1", "optim.lr_decay=0.5"]),
     ],
     ids=["nbm-default-eta", "cbm", "nbm-2-shards-3-blocks", "ma-tau-3",
-         "nbm-host-staging-step-decay"],
+         "nbm-host-staging-step-decay", "nbm-warmup-anneal"],
 )
 def test_one_learner_reproduces_the_serial_block_reference(tmp_path, servers, overrides):
     """λ = 1: η defaults to 1 − 1/λ = 0, so the first case is MA with local momentum."""

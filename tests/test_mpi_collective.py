@@ -27,8 +27,10 @@ pytestmark = pytest.mark.mpi
         ("protocol.name=sync", "optim.rule=adagrad", "comm.mode=nonblocking"),
         ("protocol.name=sync", "optim.lr_milestones=[1]", "comm.staging=always"),
         ("protocol.name=sync", "optim.rule=nesterov", "comm.bucket_mib=0.01", "comm.mode=thread"),
+        ("protocol.name=sync", "optim.warmup_epochs=1.5", "optim.lr_decay=0.5"),
     ],
-    ids=["sync", "sync-adagrad-nonblocking", "sync-step-decay-staged", "sync-buckets-thread"],
+    ids=["sync", "sync-adagrad-nonblocking", "sync-step-decay-staged", "sync-buckets-thread",
+         "sync-warmup-anneal"],
 )
 def test_sync_one_learner_is_serial_sgd_bit_for_bit(tmp_path, overrides):
     common = ("run.epochs=2", "optim.weight_decay=0.001", *overrides)

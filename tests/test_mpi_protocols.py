@@ -66,10 +66,12 @@ def test_async_staleness_near_lambda(tmp_path):
         (3, ("protocol.name=softsync", "optim.rule=adagrad", "blocks.count=5")),
         (2, ("protocol.name=hardsync", "blocks.count=2", "comm.staging=always")),
         (1, ("protocol.name=async", "optim.lr_milestones=[1]", "optim.lr_gamma=0.2")),
+        (1, ("protocol.name=async", "optim.warmup_epochs=0.5", "optim.warmup_start=0.1",
+             "optim.lr_decay=0.7")),
     ],
     ids=["hardsync", "softsync-per-gradient", "async-adagrad", "nesterov-3-blocks",
          "2-shards-hardsync", "3-shards-async-by-layer", "3-shards-softsync-adagrad",
-         "host-staging-path", "async-step-decay"],
+         "host-staging-path", "async-step-decay", "async-warmup-anneal"],
 )
 def test_one_learner_reproduces_serial_sgd(tmp_path, servers, overrides):
     common = ("run.epochs=2", "optim.weight_decay=0.001", f"cluster.servers={servers}", *overrides)

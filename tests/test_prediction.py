@@ -212,7 +212,7 @@ def test_prediction_keys_without_predict_are_refused(key):
 @pytest.mark.parametrize(
     "name, extra",
     [("async", []), ("softsync", ["protocol.n=2"]), ("ssp", []), ("psp", []),
-     ("psp", ["protocol.pull_fraction=0.5"]), ("async", ["comm.mode=thread"]),
+     ("psp", ["protocol.pull_fraction=0.5", "blocks.count=2"]), ("async", ["comm.mode=thread"]),
      ("async", ["comm.transport=shm"]), ("softsync", ["cluster.tree_fanout=2"])],
 )
 def test_accepted_with_every_stale_strategy_mode_and_transport(name, extra):

@@ -22,11 +22,27 @@ from pserver.plan.config import load_config  # noqa: E402
 
 @pytest.mark.parametrize("kind", rp.KINDS)
 def test_every_run_is_a_valid_config(kind):
-    args = argparse.Namespace(epochs=2, compute_time=0.01, probe=10)
+    args = argparse.Namespace(epochs=2, compute_time=0.01, probe=10, momentum=rp.PAPER_MOMENTUM,
+                              warmup=rp.PAPER_WARMUP)
     cfg = load_config(rp.CONFIG, rp.overrides(kind, args, 9, rp.default_lr(9), 0))
     assert cfg.cluster.learners == 10
     assert cfg.protocol.predict == (kind == "PP-ASGD")
     assert cfg.protocol.name == ("hardsync" if kind == "SSGD" else "async")
+    # the paper's settings (Sato et al. §4, footnote 5): μ = 0.99, one epoch of warm-up from
+    # 0, no drop; SSGD is NAG, ASGD and PP-ASGD classical momentum (issue 25)
+    assert cfg.optim.momentum == 0.99 and cfg.optim.warmup_epochs == 1.0
+    assert cfg.optim.warmup_start == 0.0 and cfg.optim.lr_milestones == []
+    assert cfg.optim.rule == ("nesterov" if kind == "SSGD" else "momentum")
+
+
+def test_deviations_name_each_departure_with_its_reason():
+    args = argparse.Namespace(compute_time=0.01, momentum=0.99, warmup=1.0)
+    base = rp.deviations(args)
+    assert any("CIFAR-10" in d for d in base) and not any("--momentum" in d for d in base)
+    args.momentum, args.warmup = 0.9, 0.0
+    extra = rp.deviations(args)[len(base):]
+    assert extra == ["momentum μ = 0.9, not 0.99: --momentum given",
+                     "warm-up 0 epoch(s), not 1: --warmup given"]
 
 
 def test_sweep_sums_the_blocks_of_a_probe_and_finds_the_minimum():

@@ -95,7 +95,8 @@ def test_every_strategy_and_layout_is_checkpointable():
     for name in REGISTRY:
         assert unsupported(load_config(None, [f"protocol.name={name}"])) is None, name
     for extra in (["cluster.tree_fanout=2"], ["cluster.bcast_fanout=2", "comm.mode=thread"],
-                  ["comm.transport=shm"], ["protocol.name=psp", "protocol.pull_fraction=0.5"],
+                  ["comm.transport=shm"],
+                  ["protocol.name=psp", "protocol.pull_fraction=0.5", "blocks.count=2"],
                   ["protocol.pull_timestamp=iteration"]):  # fmt: skip
         assert unsupported(load_config(None, extra)) is None, extra
 

@@ -83,9 +83,14 @@ def test_softsync_per_gradient_weights():
 def test_make_protocol_from_config():
     assert isinstance(make_protocol(load_config(None, []), 4), Hardsync)
     a = make_protocol(load_config(None, ["protocol.name=async"]), 4)
-    assert isinstance(a, Softsync) and a.count == 1 and a.lr_policy == "mean"
+    # issue 25: the default is eq. (6) as published, α0/n (α0/λ for async), not measured ⟨σ⟩
+    assert isinstance(a, Softsync) and a.count == 1 and a.lr_policy == "nominal"
+    a.on_gradient(Arrival(0, 0), server_ts=0)
+    assert a.commit(server_ts=0).lr_scale == 1 / 4  # σ = 0 measured: still α0/λ
     s = make_protocol(load_config(None, ["protocol.name=softsync", "protocol.n=2"]), 4)
-    assert s.count == 2
+    assert s.count == 2 and s.lr_policy == "nominal"
+    ssp = make_protocol(load_config(None, ["protocol.name=ssp"]), 4)
+    assert ssp.lr_policy == "mean"  # no n: the measured rule (docs/protocols.md, Deviations)
     with pytest.raises(ConfigError, match="protocol.n = 5 exceeds the 4 learners"):
         make_protocol(load_config(None, ["protocol.name=softsync", "protocol.n=5"]), 4)
     with pytest.raises(ConfigError, match="does not apply to hardsync"):

@@ -141,7 +141,8 @@ def test_lr_policy_of_round_strategies(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_pull_timestamp_auto_follows_waits_for_update(name):
-    cfg = load_config(None, [f"protocol.name={name}", "protocol.pull_fraction=0.5"])
+    cfg = load_config(None, [f"protocol.name={name}", "protocol.pull_fraction=0.5",
+                             "blocks.count=4"])
     assert pull_timestamp(cfg) == ("iteration" if lookup(name).waits_for_update else "block")
 
 

@@ -111,3 +111,18 @@ def test_reply_aux_carries_kind_and_window_version():
     assert split_reply(reply_aux(Reply.WEIGHTS, 5)) == (Reply.WEIGHTS, 5)
     assert split_reply(int(Reply.STOP)) == (Reply.STOP, 0)
     assert str(Header(Tag.REPLY, 0, 3, 1, reply_aux(Reply.WEIGHTS, 2))).endswith("WEIGHTS@v2)")
+
+
+def test_broadcast_tree_from_the_root_spans_every_aggregator_group():
+    """Rudra §III-C: one downcast tree of all learners (``bcast_tree = "root"``, the default);
+    ``"group"``: one heap per leaf aggregator (issue 25: the per-group tree was the default)."""
+    base = ["protocol.name=async", "cluster.tree_fanout=2", "cluster.bcast_fanout=2",
+            "comm.mode=thread"]
+    root = make_layout(9, load_config(None, base))
+    assert root.learners == (4, 5, 7, 8) and root.parent == {4: 3, 5: 3, 7: 6, 8: 6}
+    assert root.bcast_parent == {5: 4, 7: 4, 8: 5}  # only learner 4 pulls from upstream (3)
+    group = make_layout(9, load_config(None, [*base, "cluster.bcast_tree=group"]))
+    assert group.bcast_parent == {5: 4, 8: 7}  # 4 pulls from 3, 7 from 6
+    flat = ["cluster.bcast_fanout=2", "comm.mode=thread"]
+    assert (make_layout(10, load_config(None, [*flat, "cluster.bcast_tree=group"])).bcast_parent
+            == make_layout(10, load_config(None, flat)).bcast_parent)  # one upstream: one heap

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import socket
 import sys
 import time
@@ -22,9 +23,9 @@ from pserver import __version__
 from pserver.comm.waiting import PeerLog, Waiter
 from pserver.errors import PeerLost, RunError
 from pserver.job.launchcheck import lone_rank
-from pserver.plan.config import CommConfig, load_config
-from pserver.plan.config import warnings as config_warnings
+from pserver.plan.config import CommConfig, load_config, unread
 from pserver.plan.topology import Role
+from pserver.plan.unused import unread_line
 from pserver.runtime.logs import setup_logging, wait_until_read
 from pserver.runtime.rundir import run_id
 from pserver.runtime.startup import agree, failure_message, outcome, status_of
@@ -97,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)
         comm = cfg.comm
         log = setup_logging(rank, "starting", cfg.run.log_level)
-        for line in config_warnings(cfg) if rank == 0 else ():  # once per run
-            log.warning("%s", line)
+        if rank == 0 and unread(cfg):  # once per run: a comparison's file, not a mistake
+            log.info("%s", unread_line(unread(cfg)))
         ctx = prepare(cfg, size, rank, log, local, nodes, peers, rid=rid)
         ctx.learner_comm = learners
         ctx.hosts = [p.host for p in roster.procs]
@@ -218,7 +219,9 @@ def run(ctx, world) -> int:  # noqa: ANN001 - Context and MPI.Comm, imported laz
 
 
 def log_provenance(ctx) -> None:  # noqa: ANN001 - Context
-    """What runs where, in one line per host, and with which code (pserver.runtime.provenance)."""
+    """With which code, the layout in one line (``pserver.plan.layout_line``), and every rank's
+    role in one line per host (pserver.runtime.provenance)."""
+    from pserver.plan.layout_line import layout_line
     from pserver.runtime.provenance import git_commit, host_lines, library_versions, rank_table
 
     v = library_versions()
@@ -228,8 +231,12 @@ def log_provenance(ctx) -> None:  # noqa: ANN001 - Context
         v["pserver"], commit, v["python"], v["numpy"], v["mpi4py"], v["h5py"], v["mpi"],
         ctx.cfg.run.out_dir,
     )  # fmt: skip
-    for line in host_lines(rank_table(ctx.layout, ctx.nodes, ctx.hosts)):
-        ctx.log.info("%s", line)
+    c = ctx.cfg.cluster
+    ctx.log.info("%s", layout_line(ctx.layout, ctx.cfg.protocol.name, c.tree_fanout,
+                                   c.bcast_fanout))  # fmt: skip
+    lines = host_lines(rank_table(ctx.layout, ctx.nodes, ctx.hosts))
+    for line in lines:  # every rank's role: worth the INFO log only where hosts differ
+        ctx.log.log(logging.INFO if len(lines) > 1 else logging.DEBUG, "%s", line)
 
 
 # -- the role drivers: each imports its own module only when its rank plays that role --------

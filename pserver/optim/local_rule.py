@@ -10,10 +10,10 @@ momentum trick").
 sum of squares (adagrad) starts at zero from the new global model, as a fresh local model does
 in the paper; the history across blocks is the master's block momentum Δ.
 
-The learning rate is ``optim``'s schedule (:func:`pserver.optim.rules.scheduled_lr`) at the epoch
-the
-block starts in, counted as the shard counts it: ``t`` blocks of λ·τ minibatches each. A whole
-block runs at one rate, so a λ = 1, τ = 1 run steps exactly as serial SGD does.
+The learning rate is ``optim``'s schedule (:func:`pserver.optim.rules.scheduled_lr`) at the
+(fractional) epoch the block starts at, counted as the shard counts it: ``t`` blocks of λ·τ
+minibatches each. A whole block runs at one rate, so a λ = 1, τ = 1 run steps exactly as serial
+SGD does.
 """
 
 from __future__ import annotations
@@ -31,6 +31,14 @@ def block_epoch(block: int, n_learners: int, tau: int, batch_size: int, train_si
     return block * n_learners * tau * batch_size // train_size
 
 
+def block_position(
+    block: int, n_learners: int, tau: int, batch_size: int, train_size: int
+) -> float:
+    """Where block ``block`` starts in fractional epochs (:func:`block_epoch` without the floor):
+    the schedule's point, whose warm-up moves within an epoch."""
+    return block * n_learners * tau * batch_size / train_size
+
+
 class LocalRule:
     """``optim.rule`` on one learner's whole weight vector (a ``LocalUpdate``), restarted at every
     block."""
@@ -46,7 +54,7 @@ class LocalRule:
         """``blocks_per``: (λ, τ, batch size, training samples), for the epoch of a block."""
         self.local = LocalUpdate(optim, size, xp, dtype)
         self.blocks_per = blocks_per
-        self.epoch = 0
+        self.epoch = 0.0
 
     @property
     def updater(self) -> Any:
@@ -60,7 +68,7 @@ class LocalRule:
     def start(self, block: int) -> None:
         """Block ``block`` begins: zero the optimizer state, take the block's learning rate."""
         self.local.reset()
-        self.epoch = block_epoch(block, *self.blocks_per)
+        self.epoch = block_position(block, *self.blocks_per)
 
     def step(self, w: Any, g: Any) -> None:
         """One local step, in place; ``g`` is clobbered."""

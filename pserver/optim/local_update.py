@@ -34,9 +34,9 @@ class LocalUpdate:
         self.updater = make_updater(optim, size, xp, dtype)
         self.lr = 0.0  # the rate of the last step (for the ``updates`` row)
 
-    def step(self, w: Any, g: Any, epoch: int, divisor: float = 1.0) -> None:
+    def step(self, w: Any, g: Any, epoch: float, divisor: float = 1.0) -> None:
         """Update ``w`` in place from the sum ``g`` of ``divisor`` gradients (``g`` may be
-        scaled in place) at the rate of (0-based) ``epoch``."""
+        scaled in place) at the rate of (0-based, fractional) ``epoch``."""
         if divisor != 1.0:
             self.xp.multiply(g, 1.0 / divisor, out=g)
         self.lr = scheduled_lr(self.optim, epoch) * self.scale

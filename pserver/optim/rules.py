@@ -29,6 +29,7 @@ a run on a GPU can be checked against a numpy reference run.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -245,15 +246,35 @@ def _in_place(result: np.ndarray, target: np.ndarray) -> None:
         raise RuntimeError("BLAS axpy did not update the block in place")
 
 
-def scheduled_lr(cfg: OptimConfig, epoch: int) -> float:
-    """The base learning rate during (0-based) epoch ``epoch``: step decay.
+def scheduled_lr(cfg: OptimConfig, epoch: float) -> float:
+    """The base learning rate at (0-based, fractional) epoch ``epoch``: the samples counted
+    before this step over the epoch's samples (2.5 is halfway through the third epoch).
 
-    α0 · γ^k, where k counts the milestones ≤ ``epoch`` (``optim.lr_milestones``, ``lr_gamma``;
-    the convention of PyTorch's ``MultiStepLR`` stepped once per epoch). The protocols' own
-    scaling (Rudra eq. 6, hardsync's √(λμ/B)) multiplies this rate.
+    α0 · w(e) · γ^k · d^j, with
+
+    * w(e) the linear warm-up: from ``warmup_start``·α0 at e = 0 to α0 at e =
+      ``warmup_epochs`` (fractional allowed), 1 afterwards and when ``warmup_epochs`` is 0.
+      PP-ASGD (Sato et al. §4, footnote 5) varies the rate "from 0 to the target value linearly
+      from the beginning of the training until the end of the first epoch" (``warmup_epochs =
+      1``, ``warmup_start = 0``); IBM (Zhang et al. §3.1) warms the base rate from 0.1 to 1 in
+      the first 10 epochs (``warmup_epochs = 10``, ``warmup_start = 0.1``, ``lr = 1``);
+    * γ^k the step decay, k the milestones ≤ ⌊e⌋ (``lr_milestones``, ``lr_gamma``; PyTorch's
+      ``MultiStepLR`` stepped once per epoch);
+    * d^j the per-epoch annealing, j = ⌊e⌋ − ``lr_decay_from`` + 1 epochs from that epoch on
+      (``lr_decay``; IBM anneals by 1/√2 every epoch from the 11th: ``lr_decay = 0.7071``,
+      ``lr_decay_from = 10``).
+
+    With the defaults (no warm-up, d = 1) the rate is exactly α0 · γ^k, as before the warm-up
+    existed. The protocols' own scaling (Rudra eq. 6, hardsync's √(λμ/B)) multiplies this rate.
     """
     k = sum(1 for m in cfg.lr_milestones if m <= epoch)
-    return cfg.lr * cfg.lr_gamma**k
+    rate = cfg.lr * cfg.lr_gamma**k
+    whole = math.floor(epoch)
+    if cfg.lr_decay != 1.0 and whole >= cfg.lr_decay_from:
+        rate *= cfg.lr_decay ** (whole - cfg.lr_decay_from + 1)
+    if epoch < cfg.warmup_epochs:
+        rate *= cfg.warmup_start + (1.0 - cfg.warmup_start) * epoch / cfg.warmup_epochs
+    return rate
 
 
 def make_updater(cfg: OptimConfig, size: int, xp: Any, dtype: Any) -> Updater:

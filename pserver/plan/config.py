@@ -24,6 +24,7 @@ from pserver import strategies
 from pserver.errors import ConfigError
 from pserver.plan.limits import MAX_CLASSES, MAX_POLL, MAX_SIZE_MIB
 from pserver.plan.unused import unused
+from pserver.strategies.collective import SHARD_KEYS
 from pserver.strategies.parameter_server import round_rule
 
 if typing.TYPE_CHECKING:
@@ -52,13 +53,17 @@ class ClusterConfig:
     learners: int = 0  # 0: every rank left after servers, stats and data server
     tree_fanout: int = 0  # 0: flat (Rudra-base); k >= 2: aggregator tree (Rudra-adv)
     bcast_fanout: int = 0  # 0: every learner pulls upstream; k >= 2: learner broadcast tree (adv*)
+    # root: one broadcast tree over every learner, fed from the top (Rudra §III-C, adv*); group:
+    # one tree per upstream (shard or leaf aggregator) (pserver.plan.topology.broadcast_tree)
+    bcast_tree: str = "root"
 
 
 @dataclass
 class ProtocolConfig:
     """Every strategy's keys side by side. Which key belongs to which strategy, its bound and
     its checks are the registry's (``pserver.strategies``; types and defaults tested equal):
-    a key the chosen strategy does not use is refused or warned about (``unused``)."""
+    a key the chosen strategy does not use is refused (typed on the command line) or listed at
+    start (from the file) (``pserver.plan.unused``)."""
 
     name: str = "hardsync"
     n: int = 1  # softsync: update after floor(lambda / n) gradients
@@ -91,6 +96,14 @@ class OptimConfig:
     eps: float = 1e-8
     lr_milestones: list[int] = field(default_factory=list)  # epochs where lr is multiplied
     lr_gamma: float = 0.1  # by this factor (step decay)
+    # linear warm-up (pserver.optim.rules.scheduled_lr): from warmup_start·lr to lr over this
+    # many epochs (fractional allowed; PP-ASGD: 1 epoch from 0; IBM: 10 epochs from 0.1)
+    warmup_epochs: float = 0.0
+    warmup_start: float = 0.0
+    # per-epoch annealing: lr × lr_decay every epoch from epoch lr_decay_from (0-based) on
+    # (IBM: 1/√2 from the 11th epoch, lr_decay_from = 10); 1: none
+    lr_decay: float = 1.0
+    lr_decay_from: int = 1
 
 
 @dataclass
@@ -188,18 +201,27 @@ class Config:
     # the keys given in the file or the overrides ("section.key"), recorded by build(): a key
     # is "set" when it was given, even at its default value
     given: frozenset[str] = field(default_factory=frozenset, repr=False, compare=False)
+    # those of ``given`` typed on the command line: an override the run would not read is an
+    # error, a file's key only listed (pserver.plan.unused)
+    overridden: frozenset[str] = field(default_factory=frozenset, repr=False, compare=False)
+    # the file's shard keys a learners-only strategy cannot read, reset to their defaults so that
+    # they take no effect: key -> the file's value (listed at start, pserver.plan.unused)
+    set_aside: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
 
-SECTIONS = tuple(f.name for f in dataclasses.fields(Config) if f.name != "given")
+SECTIONS = tuple(
+    f.name for f in dataclasses.fields(Config) if f.name not in ("given", "overridden", "set_aside")
+)
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "run.device": ("cpu", "gpu", "auto"),
     "run.log_level": ("debug", "info", "warning", "error"),
     "run.epoch_basis": ("applied", "computed"),
+    "cluster.bcast_tree": ("root", "group"),
     "protocol.name": strategies.names(),
     "protocol.lr_policy": ("auto", "none", "mean", "per-gradient", "nominal"),
     "protocol.pull_timestamp": ("auto", "iteration", "block"),
@@ -219,6 +241,8 @@ POSITIVE = {
     "run.epochs",
     "optim.lr",
     "optim.lr_gamma",
+    "optim.lr_decay",
+    "optim.lr_decay_from",
     "data.batch_size",
     "data.prefetch",
     "data.n_samples",
@@ -245,6 +269,8 @@ NON_NEGATIVE = {
     "cluster.bcast_fanout",
     "comm.versions",
     "optim.momentum",
+    "optim.warmup_epochs",
+    "optim.warmup_start",
     "optim.weight_decay",
     "optim.eps",
     "run.seed",
@@ -282,6 +308,7 @@ def _load(path: str | Path | None, overrides: list[str] | tuple[str, ...]) -> Co
             raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
         except OSError as e:
             raise ConfigError(f"config file {str(p)!r} cannot be read: {e.strerror}") from None
+    typed = set()
     for item in overrides:
         key, value = parse_override(item)
         section, _, name = key.partition(".")
@@ -289,7 +316,10 @@ def _load(path: str | Path | None, overrides: list[str] | tuple[str, ...]) -> Co
         if not isinstance(raw[section], dict):
             raise ConfigError(f"{section!r} must be a table, not {raw[section]!r}")
         raw[section][name] = value
-    return validate(build(raw))
+        typed.add(key)
+    cfg = build(raw)
+    cfg.overridden = frozenset(typed)
+    return validate(cfg)
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -371,6 +401,7 @@ def validate(cfg: Config) -> Config:
         if not get(cfg, key) >= 0:
             raise ConfigError(f"{key} = {get(cfg, key)!r}: expected a value >= 0")
     strategy = strategies.lookup(cfg.protocol.name)
+    set_aside_shard_keys(strategy, cfg)
     default_servers(strategy, cfg)
     check_ranks(strategy, cfg)
     inject_plan(cfg).validate()
@@ -407,6 +438,7 @@ def validate(cfg: Config) -> Config:
         )
     if cfg.data.source == "hdf5" and not cfg.data.path:
         raise ConfigError('data.source = "hdf5" needs data.path, the HDF5 file with X and y')
+    check_schedule(cfg.optim)
     m = cfg.optim.lr_milestones
     if any(e <= 0 for e in m) or any(b <= a for a, b in zip(m, m[1:], strict=False)):
         raise ConfigError(
@@ -430,16 +462,48 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
-def warnings(cfg: Config) -> list[str]:
-    """The given keys this run ignores but does not refuse (``pserver.plan.unused.WARNED``): rank 0
-    logs them once at start."""
+def check_schedule(o: OptimConfig) -> None:
+    """The warm-up and annealing shares: a factor outside (0, 1] would grow the rate."""
+    if o.warmup_start > 1.0:
+        raise ConfigError(
+            f"optim.warmup_start = {o.warmup_start!r}: expected a share of optim.lr in [0, 1] "
+            "(the warm-up rises from warmup_start·lr to lr)"
+        )
+    if o.lr_decay > 1.0:
+        raise ConfigError(
+            f"optim.lr_decay = {o.lr_decay!r}: expected a factor in (0, 1] (the rate is "
+            "multiplied by it every epoch from optim.lr_decay_from on; 1: no annealing)"
+        )
+
+
+def unread(cfg: Config) -> list[str]:
+    """The config file's keys this run does not read (``key = value (owner)``, from
+    ``pserver.plan.unused``): rank 0 lists them once at start, at INFO level."""
     return unused(cfg)[1]
+
+
+def set_aside_shard_keys(strategy: strategies.Strategy, cfg: Config) -> None:
+    """A learners-only strategy run from a file written for a comparison (``examples/psp.toml``
+    with ``protocol.name=sync``): the file's shard keys (``cluster.servers``, trees, blocks,
+    shard faults) are reset to their defaults, so that none takes effect, and listed at start.
+    Typed on the command line they are refused (``pserver.strategies.collective``)."""
+    if strategy.ranks.servers:
+        return
+    defaults = Config()
+    defaults.cluster.servers = 0  # a learners-only run has no shard
+    for key in ("cluster.servers", *SHARD_KEYS):
+        if key in cfg.given and key not in cfg.overridden:
+            section, name = key.split(".")
+            cfg.set_aside[key] = get(cfg, key)
+            setattr(getattr(cfg, section), name, get(defaults, key))
 
 
 def default_servers(strategy: strategies.Strategy, cfg: Config) -> None:
     """A learners-only strategy runs no shard: ``cluster.servers`` not given means 0 there
     (a given nonzero value is refused by :func:`check_ranks`)."""
-    if not strategy.ranks.servers and "cluster.servers" not in cfg.given:
+    if not strategy.ranks.servers and (
+        "cluster.servers" not in cfg.given or "cluster.servers" in cfg.set_aside
+    ):
         cfg.cluster.servers = 0
 
 

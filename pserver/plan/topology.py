@@ -119,12 +119,17 @@ def make_layout(world_size: int, cfg: Config, nodes: Sequence[int] | None = None
         )
     need = fixed + max(n_learners, 1) + tree_size(max(n_learners, 1), k)
     if n_learners < 1 or world_size != fixed + n_learners + tree_size(n_learners, k):
-        wanted = "all remaining ranks" if cfg.cluster.learners == 0 else str(n_learners)
         tree = f" + {tree_size(max(n_learners, 1), k)} aggregator(s) (tree_fanout {k})" if k else ""
+        if cfg.cluster.learners:  # λ asked for: the -n that gives it under this strategy
+            raise TopologyError(
+                f"cluster.learners = {n_learners} under protocol.name = "
+                f'"{cfg.protocol.name}" needs mpiexec -n {need} ({n_servers} server(s) + 1 '
+                f"statistics server + 1 data server + {n_learners} learner(s){tree}), not "
+                f"{world_size} ranks: run with mpiexec -n {need} or set cluster.learners=0"
+            )
         raise TopologyError(
             f"world size {world_size} does not fit {n_servers} server(s) + 1 statistics server "
-            f"+ 1 data server + {wanted} learner(s){tree}: run with mpiexec -n {need}"
-            + ("" if cfg.cluster.learners == 0 else " or set cluster.learners=0")
+            f"+ 1 data server + all remaining ranks learner(s){tree}: run with mpiexec -n {need}"
         )
     servers = tuple(range(n_servers))
     if not k:
@@ -133,16 +138,24 @@ def make_layout(world_size: int, cfg: Config, nodes: Sequence[int] | None = None
     else:
         layout = tree_layout(world_size, servers, n_learners, k, nodes)
     if cfg.cluster.bcast_fanout:
-        return replace(layout, bcast_parent=broadcast_tree(layout, cfg.cluster.bcast_fanout))
+        tree = broadcast_tree(layout, cfg.cluster.bcast_fanout, cfg.cluster.bcast_tree)
+        return replace(layout, bcast_parent=tree)
     return layout
 
 
-def broadcast_tree(layout: Layout, fanout: int) -> dict[int, int]:
-    """Rudra-adv*'s learner broadcast tree: a fan-out-k heap over the learners that share an
-    upstream (a server or an aggregator); only each heap's root pulls from that upstream."""
+def broadcast_tree(layout: Layout, fanout: int, shape: str = "root") -> dict[int, int]:
+    """Rudra-adv*'s learner broadcast tree: a fan-out-k heap; only a heap's root pulls from
+    its upstream (a shard or its leaf aggregator), every other learner from its heap parent.
+
+    ``shape = "root"``: one heap over every learner, as in the paper (§III-C: "the weights
+    downcast tree, which consists of the top level parameter server node and all the
+    learners"); with an aggregator tree its root learner's weights come down the aggregators
+    above it. ``"group"``: one heap per upstream, over the learners that share it (without an
+    aggregator tree both shapes are the same heap).
+    """
     groups: dict[int | None, list[int]] = {}
     for rank in layout.learners:
-        groups.setdefault(layout.parent.get(rank), []).append(rank)
+        groups.setdefault(layout.parent.get(rank) if shape == "group" else None, []).append(rank)
     return {
         members[i]: members[(i - 1) // fanout]
         for members in groups.values()

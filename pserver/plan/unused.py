@@ -1,9 +1,11 @@
 """Keys that the chosen strategy, data source or model kind does not use (pure).
 
-A key given in the file or the overrides (``Config.given``) that the run would ignore is
-refused with one line naming what it belongs to, e.g.
-``protocol.c = 2 belongs to psp; protocol.name = "hardsync" does not use it``. A few keys that
-existing configs set whatever the choice are only warned about, once, by rank 0 (``WARNED``);
+A key typed on the command line (``Config.overridden``) that the run would ignore is refused
+with one line naming what it belongs to, e.g.
+``protocol.c = 2 belongs to psp; protocol.name = "hardsync" does not use it``: whoever typed it
+meant it to take effect. A key of the config file that the run ignores is not an error, since one
+file may serve a comparison of several strategies (``protocol.n`` for softsync beside
+``protocol.c`` for psp): rank 0 lists those keys once, at INFO level, at start.
 ``docs/config.md`` (*Keys the run does not use*) lists the rule of every key.
 """
 
@@ -25,10 +27,6 @@ SOURCE_KEYS = {
 KIND_KEYS = {
     "hidden": ("mlp",), "size_mib": ("null",), "channels": ("cnn",), "module": ("torch", "python"),
 }
-#: Only warned about: examples/quickstart.toml sets protocol.n (under hardsync), model.hidden,
-#: data.test_fraction and protocol.lr_policy (which bmuf and ma do not use), and every
-#: protocol, model kind and source is run on it by override.
-WARNED = frozenset({"protocol.n", "model.hidden", "data.test_fraction", "protocol.lr_policy"})
 
 
 @dataclass(frozen=True)
@@ -40,13 +38,19 @@ class Rule:
     belongs: str
     used: Callable[[Any], bool]
     chooser: Callable[[Any], str]
+    label: str = ""  # ``belongs`` in fewer words, for the start-up list ("" : belongs itself)
 
     def message(self, cfg: Any) -> str:
         section, name = self.key.split(".")
         value = json.dumps(getattr(getattr(cfg, section), name))
-        line = f"{self.key} = {value} belongs to {self.belongs}; "
-        line += f"{self.chooser(cfg)} does not use it"
-        return f"{line} (ignored)" if self.key in WARNED else line
+        return (f"{self.key} = {value} belongs to {self.belongs}; "
+                f"{self.chooser(cfg)} does not use it")
+
+    def short(self, cfg: Any) -> str:
+        """``protocol.c = 2 (psp)``: the key, its value and its owner, for the start-up list."""
+        section, name = self.key.split(".")
+        value = json.dumps(getattr(getattr(cfg, section), name))
+        return f"{self.key} = {value} ({self.label or self.belongs})"
 
 
 def setting(key: str) -> Callable[[Any], str]:
@@ -66,13 +70,17 @@ def choice_rule(key: str, selector: str, values: tuple[str, ...]) -> Rule:
 def protocol_rules() -> list[Rule]:
     """One rule per ``protocol.*`` key that some strategy does not use (from the registry)."""
     rules = []
+    family = {f: {s.name for s in strategies.REGISTRY.values() if s.family == f}
+              for f in strategies.FAMILIES}  # fmt: skip
     for key in strategies.params():
         owners = strategies.owners(key)
         if len(owners) < len(strategies.REGISTRY):
+            whole = [f for f, names in family.items() if names and names == set(owners)]
+            label = f"the {whole[0].replace(' ', '-')} strategies" if whole else ""
             rules.append(Rule(
                 f"protocol.{key}", " and ".join(owners),
                 lambda cfg, owners=owners: cfg.protocol.name in owners,
-                setting("protocol.name"),
+                setting("protocol.name"), label,
             ))
     return rules
 
@@ -86,14 +94,36 @@ def rules() -> list[Rule]:
         Rule("data.test_fraction", "splitting the data (data.test_path empty)",
              lambda cfg: not (cfg.data.source == "hdf5" and cfg.data.test_path),
              setting("data.test_path")),
+        Rule("cluster.bcast_tree", "a learner broadcast tree (cluster.bcast_fanout >= 2)",
+             lambda cfg: cfg.cluster.bcast_fanout > 0, setting("cluster.bcast_fanout")),
+        Rule("optim.warmup_start", "a warm-up (optim.warmup_epochs > 0)",
+             lambda cfg: cfg.optim.warmup_epochs > 0, setting("optim.warmup_epochs")),
+        Rule("optim.lr_decay_from", "annealing (optim.lr_decay < 1)",
+             lambda cfg: cfg.optim.lr_decay != 1.0, setting("optim.lr_decay")),
+        *(Rule(f"protocol.{k}", "protocol.predict = true (PP-ASGD)",
+               lambda cfg: cfg.protocol.predict, setting("protocol.predict"))
+          for k in ("predict_steps", "predict_probe")),
     ]
 
 
 def unused(cfg: Any) -> tuple[list[str], list[str]]:
-    """(refusals, warnings): one line per given key that this config does not use."""
+    """(refusals, unread): one refusal line per key typed on the command line that this config
+    does not use, and one short entry (``key = value (owner)``) per such key of the file."""
     refused: list[str] = []
-    warned: list[str] = []
+    unread: dict[str, str] = {}  # key -> entry: a key of two rules (predict_steps) listed once
     for rule in rules():
-        if rule.key in cfg.given and not rule.used(cfg):
-            (warned if rule.key in WARNED else refused).append(rule.message(cfg))
-    return refused, warned
+        if rule.key not in cfg.given or rule.used(cfg):
+            continue
+        if rule.key in cfg.overridden:
+            refused.append(rule.message(cfg))
+        else:
+            unread.setdefault(rule.key, rule.short(cfg))
+    for key, value in getattr(cfg, "set_aside", {}).items():  # reset: the file's value is said
+        unread.setdefault(key, f"{key} = {json.dumps(value)} (the strategies with shards)")
+    return refused, list(unread.values())
+
+
+def unread_line(entries: list[str]) -> str:
+    """The one INFO line rank 0 logs at start for the file's keys this run does not read."""
+    return ("keys of the config file this run does not read (they serve other strategies, "
+            "sources or models): " + ", ".join(entries))

@@ -72,6 +72,11 @@ class EpochCounter:
         """Samples counted towards the epochs, from the gradients applied and dropped so far."""
         return (applied + (dropped if self.counts_drops else 0)) * self.batch_size
 
+    def position(self, applied: int, dropped: int = 0) -> float:
+        """Where the next gradients are, in (0-based, fractional) epochs: the learning-rate
+        schedule's, whose warm-up moves within an epoch (``pserver.optim.rules.scheduled_lr``)."""
+        return self.samples(applied, dropped) / self.train_size
+
     def epoch(self, applied: int, dropped: int = 0) -> int:
         """The (0-based) epoch the next gradients belong to: the learning-rate schedule's."""
         return self.samples(applied, dropped) // self.train_size

@@ -64,10 +64,10 @@ class RunPlan:
         """Whether ``step`` (0-based) is the last one."""
         return step + 1 >= self.steps
 
-    def epoch(self, step: int) -> int:
-        """The (0-based) epoch the gradients of ``step`` belong to (the lr schedule's): the
-        global minibatches counted before it, ``step · λ``, as a shard counts applied ones."""
-        return self.counter.epoch(step * self.n_learners)
+    def epoch(self, step: int) -> float:
+        """The (0-based, fractional) epoch the gradients of ``step`` are at (the lr schedule's):
+        the global minibatches counted before it, ``step · λ``, as a shard counts applied ones."""
+        return self.counter.position(step * self.n_learners)
 
     def ends(self, step: int) -> EpochEnds:
         """The epochs ended once ``step`` is applied, and those tested (call once per step,

@@ -163,10 +163,10 @@ def age(own_step: int, partner_step: int) -> int:
     return max(0, own_step - partner_step)
 
 
-def local_epoch(step: int, n_learners: int, batch: int, train_size: int) -> int:
-    """The (0-based) epoch of a learner's ``step`` for its learning-rate schedule: λ learners
-    at its pace have taken ``step·λ`` minibatches (λ = 1: the serial reference's epoch)."""
-    return step * n_learners * batch // train_size
+def local_epoch(step: int, n_learners: int, batch: int, train_size: int) -> float:
+    """The (0-based, fractional) epoch of a learner's ``step`` for its learning-rate schedule:
+    λ learners at its pace have taken ``step·λ`` minibatches (λ = 1: the serial reference's)."""
+    return step * n_learners * batch / train_size
 
 
 def average(xp: Any, w: Any, other: Any) -> None:

@@ -168,7 +168,8 @@ class ShardBlock:
         ``into``: the buffer the new weights are written to, already holding the current ones
         (a new version when pulls read the current); None writes ``w`` in place.
         """
-        epoch = self.epochs.epoch(self.applied, self.dropped)  # the epoch these gradients are in
+        # where these gradients are, in fractional epochs (a warm-up moves within an epoch)
+        epoch = self.epochs.position(self.applied, self.dropped)
         lr = scheduled_lr(self.optim, epoch) * decision.lr_scale
         g = self.accum if self.held is None else self.held
         if decision.divisor != 1.0:

@@ -25,6 +25,7 @@ from pserver.plan.topology import Block, Layout, Role, make_layout, split_blocks
 from pserver.runtime.outdir import check_out_dir
 from pserver.runtime.rundir import expand, run_id
 from pserver.strategies import lookup
+from pserver.strategies.parameter_server import check_pull_blocks
 
 DUMP_NAME = "stats.h5"
 DATA_ROLES = (Role.DATA, Role.STATS)  # the ranks that load the dataset; the others see its shape
@@ -154,6 +155,8 @@ def prepare(
     blocks = split_blocks(  # sizes only: nothing allocated yet
         model.n_params, model.layer_sizes, cfg.blocks.split, cfg.blocks.count, cfg.cluster.servers
     )
+    if strategy.uses("pull_fraction"):  # blocks.split = "layer": the count is known only now
+        check_pull_blocks(cfg.protocol.pull_fraction, len(blocks))
     if cfg.comm.transport == "shm":  # /dev/shm is the tighter limit of the two
         check_shared_memory(layout, blocks, nodes, model.dtype.itemsize, cfg.comm.versions)
     budget.check_run(data_bytes, run_sizes(cfg, model, dataset), size_keys(cfg))

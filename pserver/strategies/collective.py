@@ -5,8 +5,9 @@ among the learners (``pserver.comm.collectives``); the data server ends the run 
 statistics server tests the learners' average model (``pserver.protocols.lockstep``). Their ranks
 are
 learners + the statistics server + the data server: ``cluster.servers`` must be 0 (0 when not
-given), and the keys that configure shards, trees or their transport mean nothing here, so a
-given one is refused (:func:`check_learners_only`).
+given), and the keys that configure shards, trees or their transport mean nothing here, so one
+typed on the command line is refused (:func:`check_learners_only`) and one of the config file is
+reset to its default and listed at start (``pserver.plan.config.set_aside_shard_keys``).
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ SHARD_KEYS = (
 
 
 def check_learners_only(s: Strategy, cfg: Config) -> None:
-    """A given shard-only key, or the shared-memory transport of the shards: refused."""
+    """A shard-only key typed on the command line, or the shared-memory transport of the
+    shards: refused (the file's are set aside: ``pserver.plan.config.set_aside_shard_keys``)."""
     for key in SHARD_KEYS:
-        if key in cfg.given:
+        if key in cfg.overridden:
             raise ConfigError(
                 f"{key} configures parameter-server shards or their trees; protocol.name = "
                 f"{s.name!r} runs learners only (no shard): remove it"

@@ -8,7 +8,10 @@ worker lines 3-15) and which round a push answers — is the family's, not one s
 
 from __future__ import annotations
 
+import math
+
 from pserver.errors import ConfigError
+from pserver.protocols.partial_pull import EPS
 from pserver.strategies.base import PS, PS_OVERLAP, Config, Param, Strategy
 from pserver.strategies.prediction import PREDICT, check_predict
 
@@ -28,10 +31,35 @@ EXCHANGES = {"blocking": PS, "nonblocking": PS_OVERLAP, "thread": PS_OVERLAP}
 
 
 def check_pull_fraction(s: Strategy, cfg: Config) -> None:
-    if not 0.0 < cfg.protocol.pull_fraction <= 1.0:
-        raise ConfigError(
-            f"protocol.pull_fraction = {cfg.protocol.pull_fraction!r}: expected a share in (0, 1]"
-        )
+    b = cfg.protocol.pull_fraction
+    if not 0.0 < b <= 1.0:
+        raise ConfigError(f"protocol.pull_fraction = {b!r}: expected a share in (0, 1]")
+
+
+def check_pull_block_count(s: Strategy, cfg: Config) -> None:
+    """Last of the family's checks, so that a combination partial pulling forbids says so first."""
+    if cfg.blocks.split == "size":  # the count is known before the model; "layer": at start-up
+        check_pull_blocks(cfg.protocol.pull_fraction, cfg.blocks.count)
+
+
+def pull_blocks_needed(fraction: float, n_blocks: int) -> int:
+    """⌈b · blocks⌉ (at least 1): the blocks a learner waits for (PSP-SGD Algorithm 1, worker
+    line 5; ``pserver.protocols.partial_pull.PartialPull.count``)."""
+    return min(n_blocks, max(1, math.ceil(fraction * n_blocks - EPS)))
+
+
+def check_pull_blocks(fraction: float, n_blocks: int) -> None:
+    """Partial pulling that cannot skip a block is refused, not run as a full pull in silence
+    (issue 25): with b < 1 a learner must be able to start before every block is in."""
+    if fraction >= 1.0 or pull_blocks_needed(fraction, n_blocks) < n_blocks:
+        return
+    fewest = next(n for n in range(2, 1 << 20) if pull_blocks_needed(fraction, n) < n)
+    raise ConfigError(
+        f"protocol.pull_fraction = {fraction!r} with {n_blocks} parameter block(s): a learner "
+        f"waits for ⌈{fraction!r} · {n_blocks}⌉ = {n_blocks} block(s), every one, so partial "
+        f'pulling would never skip a block; set blocks.count >= {fewest} (blocks.split = "size")'
+        " or protocol.pull_fraction = 1"
+    )
 
 
 def round_rule(s: Strategy, cfg: Config) -> str:
@@ -125,11 +153,17 @@ def check_round_lr_policy(s: Strategy, cfg: Config) -> None:
 #: The family's checks, run before each strategy's own (same order as before the registry).
 CHECKS = (
     check_pull_fraction, check_pull_timestamp, check_overlap, check_max_inflight, check_tree,
-    check_predict,
+    check_predict, check_pull_block_count,
 )  # fmt: skip
 
 
-def lr_policy(cfg: Config) -> str:
-    """``protocol.lr_policy`` with ``auto`` resolved for the strategies of eq. 6 (mean)."""
+def lr_policy(cfg: Config, auto: str = "nominal") -> str:
+    """``protocol.lr_policy`` with ``auto`` resolved to the strategy's default, ``auto``.
+
+    n-softsync and async: ``nominal``, Rudra's eq. (6) as published, α0/n (α0/λ for async),
+    the rule of the paper's Fig. 4 and Table IV; the measured variants (``mean``:
+    α0/max(⟨σ⟩, 1) of each update's measured ⟨σ⟩; ``per-gradient``: footnote 2's 1/max(σ, 1))
+    are options under their own names. SSP passes ``mean``: it has no n (docs/protocols.md,
+    *Deviations from the papers*)."""
     p = cfg.protocol.lr_policy
-    return "mean" if p == "auto" else p
+    return auto if p == "auto" else p

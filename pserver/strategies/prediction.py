@@ -24,11 +24,12 @@ NO_STALENESS = ("hardsync",)
 
 def check_predict(s: Strategy, cfg: Config) -> None:
     """Refuse PP-ASGD where eq. (2) means nothing: hardsync (σ = 0 by construction), an update
-    rule without a momentum term M, μ = 0, S < −1; and its keys without ``predict``."""
+    rule without a momentum term M, μ = 0, S < −1; and its keys typed on the command line
+    without ``predict`` (the file's are listed as unread: ``pserver.plan.unused``)."""
     p, o = cfg.protocol, cfg.optim
     if not p.predict:
         for key in ("predict_steps", "predict_probe"):
-            if f"protocol.{key}" in cfg.given:
+            if f"protocol.{key}" in cfg.overridden:
                 raise ConfigError(
                     f"protocol.{key} = {getattr(p, key)} belongs to protocol.predict = true "
                     "(PP-ASGD); protocol.predict = false does not use it"

@@ -1,5 +1,7 @@
 """n-softsync and async (Rudra §III-A): a block updates after ⌊λ/n⌋ gradients of any age;
-async is n = λ. The learning rate is divided by the mean staleness ⟨σ⟩ (eq. 6)."""
+async is n = λ. The learning rate is α0/n by default, eq. (6) as published (α0/λ for async;
+``protocol.lr_policy = "auto"`` or ``"nominal"``); ``"mean"`` divides by each update's
+measured ⟨σ⟩ instead, ``"per-gradient"`` weights each gradient by 1/max(σ, 1)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ def async_protocol(cfg: Config, n_learners: int) -> Softsync:
 SOFTSYNC = Strategy(
     name="softsync",
     family=PARAMETER_SERVER,
-    summary="update after ⌊λ/n⌋ gradients of any age, lr ÷ ⟨σ⟩ (Rudra n-softsync)",
+    summary="update after ⌊λ/n⌋ gradients of any age, lr α0/n (Rudra n-softsync, eq. 6)",
     protocol=softsync_protocol,
     params=(Param("n", int, 1, "> 0", help="update after ⌊λ/n⌋ gradients; 1 <= n <= λ"),),
     shared=ps.SHARED,
@@ -38,7 +40,7 @@ SOFTSYNC = Strategy(
 ASYNC = Strategy(
     name="async",
     family=PARAMETER_SERVER,
-    summary="update after every gradient, lr ÷ ⟨σ⟩ (Rudra async: softsync with n = λ)",
+    summary="update after every gradient, lr α0/λ (Rudra async: softsync with n = λ, eq. 6)",
     protocol=async_protocol,
     shared=ps.SHARED,
     layered=ps.LAYERED,

@@ -10,7 +10,9 @@ from pserver.strategies.base import PARAMETER_SERVER, PS, Config, Param, Strateg
 
 
 def protocol(cfg: Config, n_learners: int) -> StaleSynchronous:
-    return StaleSynchronous(n_learners, cfg.protocol.s, ps.lr_policy(cfg))
+    # auto: the measured ⟨σ⟩ rule; SSP has no n for eq. (6)'s α0/n, and its own paper (Ho et
+    # al.) is none of the five this framework follows (docs/protocols.md, *Deviations*)
+    return StaleSynchronous(n_learners, cfg.protocol.s, ps.lr_policy(cfg, auto="mean"))
 
 
 def check_lr_policy(s: Strategy, cfg: Config) -> None:
