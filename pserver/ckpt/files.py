@@ -57,7 +57,8 @@ TMP_SUFFIX = ".tmp"
 #: saved state means; logging, progress and wait tuning change nothing in the arithmetic.
 MAY_CHANGE = frozenset({
     "run.epochs", "run.log_level", "run.checkpoint_interval", "run.out_dir", "run.overwrite",
-    "run.blas_threads", "optim.lr_milestones", "optim.lr_gamma",
+    "run.blas_threads", "optim.lr_milestones", "optim.lr_gamma", "optim.warmup_epochs",
+    "optim.warmup_start", "optim.lr_decay", "optim.lr_decay_from",
     "stats.flush_interval", "stats.progress", "stats.test_every", "stats.buffer_rows",
     "comm.stall_timeout", "comm.poll_min", "comm.poll_max", "comm.switch_interval",
     "model.init_from",  # a resumed run's weights are its checkpoint's (pserver.ckpt.warm_start)
