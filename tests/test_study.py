@@ -155,3 +155,24 @@ def test_finished_runs_are_not_run_again(tmp_path, monkeypatch):
     assert float(row["samples_to_target_mean"]) == 2000.0 and row["mean_staleness_mean"] == ""
     for name in ("table.md", "runs.csv", "error_vs_time.png", "error_vs_samples.png"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+def test_a_diverged_rate_loses_the_sweep_and_is_not_run_again(tmp_path, monkeypatch):
+    s = plan.parse({"study": {"config": str(QUICKSTART), "seeds": 1, "lr": [0.1, 9.0]},
+                    "strategies": {"async": {}}})
+    ran: list[str] = []
+
+    def fake_run(cmd, timeout, *, env=None, log=None, **kw):
+        out = Path(next(a.split("=", 1)[1] for a in cmd if a.startswith("run.out_dir=")))
+        ran.append(out.name)
+        if "optim.lr=9.0" in cmd:  # what pserver-run prints when the loss becomes NaN
+            return job.launch.Completed(1, "pserver-run: rank 3: the run diverged; try …", "")
+        fake_dump(out / "stats.h5", [0.3, 0.2])
+        return job.launch.Completed(0, "", "", list(cmd))
+
+    monkeypatch.setattr(job.launch, "run", fake_run)
+    assert job.run_study(s, {"async": 7}, tmp_path) == []  # a diverged sweep run is a result
+    assert ran == ["sweep-lr0.1-seed0", "sweep-lr9-seed0", "final-lr0.1-seed0"]
+    ran.clear()
+    assert job.run_study(s, {"async": 7}, tmp_path) == [] and ran == []
+    assert "| async | 9 | diverged | 1/1 |" in (tmp_path / "table.md").read_text()

@@ -26,7 +26,7 @@ except ModuleNotFoundError:  # Python 3.10
 from pserver.errors import PserverError
 from pserver.job import launch
 from pserver.job.study_output import write_outputs
-from pserver.job.study_runs import final_error, finished, run_dir
+from pserver.job.study_runs import DIVERGED, diverged, final_error, finished, mark_diverged, run_dir
 from pserver.plan import study as plan
 from pserver.plan.config import load_config
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         s = read_study(args.study)
         sizes = {st.label: ranks(s, st) for st in s.strategies}
-        out = Path(args.out or Path("studies") / Path(args.study).stem)
+        out = Path(args.out or Path("runs") / "study" / Path(args.study).stem)
         failed = run_study(s, sizes, out)
     except (PserverError, launch.LaunchError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("study", help="the study file (TOML: [study] and [strategies.NAME])")
-    p.add_argument("--out", help="output directory (default: studies/<study file's name>)")
+    p.add_argument("--out", help="output directory (default: runs/study/<study file name>)")
     return p.parse_args(argv)
 
 
@@ -102,10 +102,12 @@ def run_study(s: plan.Study, sizes: dict[str, int], out: Path) -> list[plan.Run]
 
 
 def run_one(s: plan.Study, st: plan.Strategy, run: plan.Run, n: int, out: Path, what: str) -> bool:
-    """Launch one job unless it is finished; whether it is finished now."""
+    """Launch one job unless it finished or diverged before; whether it has a result now
+    (a diverged run is one: too large a rate is what a sweep is there to find)."""
     where = run_dir(out, run)
-    if finished(out, run):
-        print(f"[{what}] {run.name}: finished before, not run again", flush=True)
+    if finished(out, run) or diverged(out, run):
+        how = "finished" if finished(out, run) else "diverged"
+        print(f"[{what}] {run.name}: {how} before, not run again", flush=True)
         return True
     where.parent.mkdir(parents=True, exist_ok=True)
     args = [s.config, *plan.job_overrides(s, st, run), f"run.out_dir={where}",
@@ -118,8 +120,11 @@ def run_one(s: plan.Study, st: plan.Strategy, run: plan.Run, n: int, out: Path, 
         line = next((ln for ln in res.output.splitlines() if "error:" in ln), res.output[-300:])
         raise StudyError(f"{run.name}: {line.strip()}")
     done = not res.reason and res.returncode == 0 and finished(out, run)
-    print(f"{'done' if done else res.reason or f'exit {res.returncode}'} in {res.seconds:.1f} s",
-          flush=True)
+    status = "done" if done else res.reason or f"exit {res.returncode}"
+    if not done and not res.reason and DIVERGED in res.output:
+        mark_diverged(out, run, res.output)
+        status, done = "diverged", True
+    print(f"{status} in {res.seconds:.1f} s", flush=True)
     return done
 
 

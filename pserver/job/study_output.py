@@ -38,6 +38,9 @@ def write_outputs(
     val = sweep_errors(sweep, out)
     runs_rows += [run_row(r, {"final_error": e}) for r, e in val.items()]
     text = plan.table(rows, s.target) + "\n\n" + sweep_table(s, chosen, val) + "\n"
+    lost = [r.name for r in finals if job.diverged(out, r)]
+    if lost:  # left out of the table above
+        text += f"\nDiverged, left out of the table: {', '.join(lost)}\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(text)
     job.write_csv(out / "study.csv", [csv_row(label, lr, agg) for label, lr, agg in rows])

@@ -5,6 +5,7 @@ table entries and test curve, through :func:`pserver.dump.reader.load_dump` and
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from pserver.dump.reader import DumpError, load_dump, summarize
 from pserver.plan import study as plan
 
 DUMP = "stats.h5"
+DIVERGED = "the run diverged"  # what pserver-run says when it stops on a NaN/infinite loss
 
 
 def run_dir(out: Path, run: plan.Run) -> Path:
@@ -29,8 +31,23 @@ def finished(out: Path, run: plan.Run) -> bool:
         return False
 
 
+def diverged(out: Path, run: plan.Run) -> bool:
+    """Whether the run stopped on a diverged loss before (:func:`mark_diverged`)."""
+    return run_dir(out, run).with_suffix(".diverged").is_file()
+
+
+def mark_diverged(out: Path, run: plan.Run, output: str) -> None:
+    """Remember that the run diverged (its line of the job's output), so that a study run
+    again counts it as a result instead of running it again."""
+    line = next((ln for ln in output.splitlines() if DIVERGED in ln), DIVERGED)
+    run_dir(out, run).with_suffix(".diverged").write_text(line.strip() + "\n")
+
+
 def final_error(out: Path, run: plan.Run) -> float | None:
-    """The last test (here: validation) error of a finished run, None otherwise."""
+    """The last test (here: validation) error of a finished run; infinity for a diverged
+    one (its rate loses the sweep); None otherwise."""
+    if diverged(out, run):
+        return math.inf
     if not finished(out, run):
         return None
     return summarize(load_dump(run_dir(out, run) / DUMP))["test"].get("final_error")

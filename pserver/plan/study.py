@@ -250,6 +250,8 @@ def aggregate(metrics: Sequence[dict[str, float | None]]) -> dict[str, Any]:
 def cell(key: str, mean: float | None, std: float | None) -> str:
     if mean is None:
         return "–"
+    if math.isinf(mean):  # a run that diverged (pserver.job.study_runs.final_error)
+        return "diverged"
     fmt = dict((k, f) for k, _, f in COLUMNS)[key]
     scale = 100.0 if key in PERCENT else 1.0
     return f"{fmt.format(mean * scale)} ± {fmt.format((std or 0.0) * scale)}"
