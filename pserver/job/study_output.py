@@ -5,7 +5,7 @@
 * ``study.csv`` — the comparison, one row per strategy, ``*_mean`` and ``*_std`` columns;
 * ``runs.csv`` — every run of both phases, one row each;
 * ``error_vs_time.png``, ``error_vs_samples.png`` — test error against wall time and against
-  samples, the mean over seeds with a band of ± one standard deviation.
+  samples, the mean over seeds at each test with a bar and a band of ± one standard deviation.
 """
 
 from __future__ import annotations
@@ -110,8 +110,11 @@ def figures(curves: dict[str, list[dict[str, Any]]], out: Path) -> None:
                 continue
             xs, mean, std = band(cs, x)
             color = colors[(2 * i) % len(colors)]  # tab20's dark shades first: no reused colour
-            ax.plot(xs, 100 * mean, marker="o", ms=3, color=color, label=f"{strategy} ({len(cs)})")
-            ax.fill_between(xs, 100 * (mean - std), 100 * (mean + std), color=color, alpha=0.2)
+            ax.errorbar(xs, 100 * mean, yerr=100 * std, marker="o", ms=3, capsize=3,
+                        color=color, label=f"{strategy} ({len(cs)} seeds)")
+            if len(xs) > 1:  # one test (a one-epoch run) has no band to draw, only its bar
+                ax.fill_between(xs, 100 * (mean - std), 100 * (mean + std), color=color,
+                                alpha=0.2)
         ax.set_xlabel(label)
         ax.set_ylabel("test error (%)")
         ax.grid(alpha=0.3)
