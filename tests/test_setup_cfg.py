@@ -79,7 +79,8 @@ def imported_modules() -> set[str]:
 
 
 def test_there_are_console_scripts():
-    assert [name for name, _, _ in entry_points()] == ["pserver-run", "pserver-stats"]
+    names = ["pserver-run", "pserver-stats", "pserver-study"]
+    assert [name for name, _, _ in entry_points()] == names
 
 
 @pytest.mark.parametrize("name,module,func", entry_points())

@@ -20,7 +20,7 @@ from pserver import strategies
 
 #: data.* keys -> the data.source values that read them
 SOURCE_KEYS = {
-    "path": ("hdf5",), "test_path": ("hdf5",),
+    "path": ("hdf5",), "test_path": ("hdf5",), "dir": ("fashion-mnist",),
     "n_samples": ("synthetic",), "n_features": ("synthetic",), "n_classes": ("synthetic",),
 }
 #: model.* keys -> the model.kind values that read them
@@ -103,6 +103,7 @@ def rules() -> list[Rule]:
         *(Rule(f"protocol.{k}", "protocol.predict = true (PP-ASGD)",
                lambda cfg: cfg.protocol.predict, setting("protocol.predict"))
           for k in ("predict_steps", "predict_probe")),
+        choice_rule("data.test_fraction", "data.source", ("digits", "synthetic", "hdf5")),
     ]
 
 
