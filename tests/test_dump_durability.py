@@ -129,6 +129,7 @@ def test_full_disk_keeps_the_last_flush_readable(tiny_disk):
     assert sorted(p.name for p in tiny_disk.iterdir()) == ["stats.h5"]  # the space is back
 
 
+@pytest.mark.mpi
 def test_full_disk_in_a_run_ends_it_with_one_error_and_a_readable_dump(tiny_disk):
     res = run_job(
         7,
