@@ -223,7 +223,7 @@ def both(where: str, claim: str, *parts: Verdict) -> Verdict:
     statuses = {v.status for v in parts}
     status = FAILS if FAILS in statuses else UNTESTED if UNTESTED in statuses else HOLDS
     numbers = "\n    ".join(f"{v.claim}: [{v.status}] {v.numbers}" for v in parts)
-    rule = "every part holds: " + "; ".join(v.rule for v in parts)
+    rule = "every part holds: " + "; ".join(dict.fromkeys(v.rule for v in parts))
     return Verdict(where, claim, status, numbers, rule)
 
 
