@@ -1,7 +1,11 @@
-"""Datasets (built-in digits, synthetic Gaussian classes, HDF5 files) and minibatch sampling.
+"""Datasets (built-in digits, synthetic Gaussian classes, HDF5 files, Fashion-MNIST) and
+minibatch sampling.
 
 Everything here is host numpy: ``X`` float32, 2-D, C-contiguous; ``y`` int64, 1-D. Bad files
-raise :class:`DataError` with one message that names the file and the problem.
+raise :class:`DataError` with one message that names the file and the problem. Every source
+then goes through the same steps: ``data.train_samples`` keeps the first N training samples,
+``data.validation`` holds a share of them out as the test set (for choosing hyper-parameters
+without looking at the test set), and ``data.scale`` takes its constants from what is left.
 """
 
 from __future__ import annotations
@@ -9,12 +13,14 @@ from __future__ import annotations
 import importlib.util
 import math
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 
+from learners import fashion
 from learners.scaling import Scaling, choose
 from pserver.ckpt.h5stored import GROUP, LINK, MISSING, OUTSIDE, stored
 from pserver.errors import ConfigError, DataError
@@ -49,20 +55,36 @@ class Dataset:
         return replace(self, X_train=empty_X, y_train=empty_y, n_train=self.n_train)
 
 
-def load_dataset(cfg: DataConfig, seed: int) -> Dataset:
-    """Load the dataset named by ``cfg.source``; splits and synthetic data follow ``seed``."""
-    loaders = {"digits": _digits, "synthetic": _synthetic, "hdf5": _hdf5}
-    return _checked(cfg, _pick(loaders, cfg)(cfg, seed))
+PARTS = ("all", "train", "test")
+
+
+def load_dataset(cfg: DataConfig, seed: int, part: str = "all") -> Dataset:
+    """Load the dataset named by ``cfg.source``; splits and synthetic data follow ``seed``.
+
+    ``part`` says what the caller keeps: "train" (the data server; a source with its own test
+    files leaves them unread), "test" (the statistics server: the training arrays are dropped
+    once the scaling's constants are taken from them) or "all".
+    """
+    if part not in PARTS:
+        raise ValueError(f"part = {part!r}: expected one of {', '.join(PARTS)}")
+    _check_keys(cfg)
+    loaders = {"digits": _digits, "synthetic": _synthetic, "hdf5": _hdf5,
+               "fashion-mnist": partial(_fashion, part=part)}
+    ds = _pick(loaders, cfg)(cfg, seed)
+    return _checked(cfg, _held_out(cfg, _subset(cfg, ds), seed), part)
 
 
 def describe_dataset(cfg: DataConfig, seed: int) -> Dataset:
     """The dataset's shape (sizes, features, classes) with empty arrays, for the ranks that
     never read a sample: from the config (synthetic), or from the file's metadata and its labels
-    (hdf5: X's shape and dtype, y read and checked: N labels, small beside X). The same errors
-    as :func:`load_dataset`, except for the values of X (NaN, infinity), which only the data
-    server reads, and reports before training like any bad input."""
-    shapes = {"digits": _digits_shape, "synthetic": _synthetic_shape, "hdf5": _hdf5_shape}
-    return _checked(cfg, _pick(shapes, cfg)(cfg, seed))
+    (hdf5: X's shape and dtype, y read and checked: N labels, small beside X; fashion-mnist:
+    the IDX headers and the labels files). The same errors as :func:`load_dataset`, except for
+    the values of X (NaN, infinity; a truncated images file), which only the data server
+    reads, and reports before training like any bad input."""
+    _check_keys(cfg)
+    shapes = {"digits": _digits_shape, "synthetic": _synthetic_shape, "hdf5": _hdf5_shape,
+              "fashion-mnist": _fashion_shape}
+    return _checked(cfg, _resized(cfg, _pick(shapes, cfg)(cfg, seed)))
 
 
 def _pick(table: dict[str, Any], cfg: DataConfig) -> Any:
@@ -71,7 +93,19 @@ def _pick(table: dict[str, Any], cfg: DataConfig) -> Any:
     return table[cfg.source]
 
 
-def _checked(cfg: DataConfig, ds: Dataset) -> Dataset:
+def _check_keys(cfg: DataConfig) -> None:
+    if cfg.train_samples < 0:
+        raise ConfigError(
+            f"data.train_samples = {cfg.train_samples}: expected 0 (all) or a sample count"
+        )
+    if not 0.0 <= cfg.validation < 1.0:
+        raise ConfigError(
+            f"data.validation = {cfg.validation!r}: expected a share of the training set in "
+            "[0, 1) (0: test on the test set)"
+        )
+
+
+def _checked(cfg: DataConfig, ds: Dataset, part: str = "all") -> Dataset:
     n = ds.n_train
     if n < cfg.batch_size:
         raise DataError(
@@ -80,16 +114,56 @@ def _checked(cfg: DataConfig, ds: Dataset) -> Dataset:
         )
     if len(ds.X_train) == 0:  # only its shape (describe_dataset): nothing to scale
         return ds
-    return scale(ds, cfg.scale)
+    return scale(ds, cfg.scale, part)
 
 
-def scale(ds: Dataset, mode: str) -> Dataset:
-    """``ds`` with ``data.scale = mode`` applied in place: constants from the training set,
-    applied to the training and the test set (``learners.scaling``)."""
+def scale(ds: Dataset, mode: str, part: str = "all") -> Dataset:
+    """``ds`` with ``data.scale = mode`` applied: constants from the training set, applied to
+    the training and the test set (``learners.scaling``). Integer arrays (Fashion-MNIST's
+    bytes) become float32 here; with ``part = "test"`` the training arrays are dropped first."""
     ds.scaling = choose(mode, ds.X_train, ds.integer)
+    if part == "test":
+        ds = ds.test_only()
+    ds.X_train, ds.X_test = (np.ascontiguousarray(a, np.float32) for a in (ds.X_train, ds.X_test))
     ds.scaling.apply(ds.X_train)
     ds.scaling.apply(ds.X_test)
     return ds
+
+
+def _subset(cfg: DataConfig, ds: Dataset) -> Dataset:
+    """``data.train_samples``: the first N training samples (copied, so the rest is freed)."""
+    n = _subset_size(cfg, ds)
+    if n == ds.n_train:
+        return ds
+    return replace(ds, X_train=ds.X_train[:n].copy(), y_train=ds.y_train[:n].copy(), n_train=n)
+
+
+def _subset_size(cfg: DataConfig, ds: Dataset) -> int:
+    n = cfg.train_samples or ds.n_train
+    if n > ds.n_train:
+        raise DataError(
+            f"data.train_samples = {n}: {ds.name} has only {ds.n_train} training samples"
+        )
+    return n
+
+
+def _held_out(cfg: DataConfig, ds: Dataset, seed: int) -> Dataset:
+    """``data.validation``: a stratified share of the training set becomes the test set."""
+    if cfg.validation == 0:
+        return ds
+    name = f"{ds.name} (data.validation = {cfg.validation})"
+    X, y, X_val, y_val = _split(name, ds.X_train, ds.y_train, cfg.validation, seed)
+    return replace(ds, X_train=X, y_train=y, X_test=X_val, y_test=y_val, n_train=len(y))
+
+
+def _resized(cfg: DataConfig, ds: Dataset) -> Dataset:
+    """:func:`_subset` and :func:`_held_out` on a shape-only dataset: the same sizes."""
+    n_train = _subset_size(cfg, ds)
+    if cfg.validation > 0:
+        name = f"{ds.name} (data.validation = {cfg.validation})"
+        n_train, n_test = _split_sizes(name, n_train, cfg.validation)
+        return _shape_only(ds.name, n_train, n_test, ds.n_features, ds.n_classes)
+    return replace(ds, n_train=n_train)
 
 
 def data_size(cfg: DataConfig) -> tuple[int, str]:
@@ -107,6 +181,10 @@ def data_size(cfg: DataConfig) -> tuple[int, str]:
                 total += data_bytes(n, f, raw)
                 files.append(f"{path!r} (X: {n} x {f} values of {raw} bytes)")
         return total, f"data file {' and '.join(files)}"
+    if cfg.source == "fashion-mnist":
+        n_train, n_test, f = fashion.image_shape(cfg.dir)
+        where = str(fashion.files(cfg.dir, "train")[0].parent)
+        return data_bytes(n_train + n_test, f, 1), f"fashion-mnist in {where!r}"
     return data_bytes(1797, 64, 8), "data.source = digits"
 
 
@@ -164,6 +242,35 @@ def _hdf5(cfg: DataConfig, seed: int) -> Dataset:
     ds = _dataset(cfg.path, X, y, X_test, y_test)
     ds.integer = integer
     return ds
+
+
+def _fashion(cfg: DataConfig, seed: int, part: str = "all") -> Dataset:
+    """Fashion-MNIST's official sets (60,000 training and 10,000 test images of 28 x 28 bytes,
+    ``learners.fashion``), kept as bytes until :func:`scale`. The data server (``part =
+    "train"``) leaves the test files unread, and so does a run tested on ``data.validation``."""
+    X, y = fashion.load_part(cfg.dir, "train")
+    if part == "train" or cfg.validation > 0:
+        X_test, y_test = np.empty((0, X.shape[1]), np.uint8), np.empty(0, np.uint8)
+    else:
+        X_test, y_test = fashion.load_part(cfg.dir, "t10k")
+        if X_test.shape[1] != X.shape[1]:
+            raise DataError(
+                f"fashion-mnist: the training images have {X.shape[1]} pixels but the test "
+                f"images {X_test.shape[1]}"
+            )
+    y, y_test = y.astype(np.int64), y_test.astype(np.int64)
+    where = str(fashion.files(cfg.dir, "train")[0].parent)
+    return Dataset(f"fashion-mnist ({where})", X, y, X_test, y_test, X.shape[1],
+                   fashion.N_CLASSES, integer=True)
+
+
+def _fashion_shape(cfg: DataConfig, seed: int) -> Dataset:
+    """The IDX headers and both labels files (70,000 bytes): sizes checked, pixels unread."""
+    n_train, n_test, f = fashion.image_shape(cfg.dir)
+    for part, n in (("train", n_train), ("t10k", n_test)):
+        fashion.labels(fashion.files(cfg.dir, part)[1], n)
+    where = str(fashion.files(cfg.dir, "train")[0].parent)
+    return _shape_only(f"fashion-mnist ({where})", n_train, n_test, f, fashion.N_CLASSES)
 
 
 def stored_integer(path: str | Path) -> bool:

@@ -26,3 +26,23 @@ extras="$mpi,test"
 # PYTHONDONTWRITEBYTECODE is set (it is on the machines this project is tested on) every rank of every job compiled
 # ~70 modules from source again (0.06 s of CPU per rank, about 0.4 s per 7-rank job here).
 "$venv/bin/python" -m compileall -q pserver learners scripts >/dev/null
+# Fashion-MNIST (data.source = "fashion-mnist", docs/config.md): Debian packages it as
+# dataset-fashion-mnist (/usr/share/datasets/fashion-mnist); installed where this runs as root
+# with apt-get, otherwise the way to get it is printed. PSERVER_NO_DATASETS=1 skips this.
+fashion=/usr/share/datasets/fashion-mnist
+if [ -z "${PSERVER_NO_DATASETS:-}" ] && [ ! -f "$fashion/train-images-idx3-ubyte.gz" ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        if { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            dataset-fashion-mnist; } >/dev/null 2>&1; then
+            echo "setup.sh: installed dataset-fashion-mnist ($fashion)"
+        else
+            echo "setup.sh: apt-get could not install dataset-fashion-mnist" >&2
+        fi
+    else
+        echo "setup.sh: Fashion-MNIST is not in $fashion: 'sudo apt-get install" \
+            "dataset-fashion-mnist' (Debian, Ubuntu), or put the four files" \
+            "{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz from" \
+            "https://github.com/zalandoresearch/fashion-mnist into a directory and set" \
+            "data.dir to it; until then data.source = \"fashion-mnist\" stops with an error" >&2
+    fi
+fi

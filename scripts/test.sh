@@ -5,8 +5,9 @@
 #   bash scripts/test.sh tests/x.py     # lint and the given tests under MPICH only
 #
 # As root with apt-get, installs what the multihost tests (iproute2, util-linux) and the slurm
-# tests (Debian's slurmctld, slurmd, slurm-client, munge) need when it is missing; tests whose
-# tools are missing skip with the reason. PSERVER_OPENMPI=0 leaves out the Open MPI part.
+# tests (Debian's slurmctld, slurmd, slurm-client, munge) and the Fashion-MNIST tests
+# (dataset-fashion-mnist) need when it is missing; tests whose tools or data are missing skip
+# with the reason. PSERVER_OPENMPI=0 leaves out the Open MPI part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -16,6 +17,9 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     command -v unshare >/dev/null || pkgs+=(util-linux)
     command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
         || pkgs+=(slurmctld slurmd slurm-client munge)
+    # Fashion-MNIST for the tests that read the real files (setup.sh tries too, once)
+    [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] \
+        || pkgs+=(dataset-fashion-mnist)
     if [ ${#pkgs[@]} -gt 0 ]; then
         t0=$(date +%s)
         if { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \

@@ -120,6 +120,9 @@ class DataConfig:
     n_classes: int = 10  # synthetic only
     # auto | none | minmax | standard, from the training set (learners/scaling.py)
     scale: str = "auto"
+    dir: str = ""  # fashion-mnist: the IDX files' directory ("": Debian's, learners/fashion.py)
+    train_samples: int = 0  # keep the first N training samples (0: all)
+    validation: float = 0.0  # hold this share of the training set out and test on it
 
 
 @dataclass
@@ -206,7 +209,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.rule": ("sgd", "momentum", "nesterov", "adagrad"),
     "model.kind": ("softmax", "mlp", "null", "cnn", "torch", "python"),
     "model.dtype": ("float32", "float64"),
-    "data.source": ("digits", "synthetic", "hdf5"),
+    "data.source": ("digits", "synthetic", "hdf5", "fashion-mnist"),
     "data.scale": ("auto", "none", "minmax", "standard"),
     "blocks.split": ("size", "layer"),
     "comm.mode": ("blocking", "nonblocking", "thread"),

@@ -18,7 +18,7 @@ from pserver import strategies
 
 #: data.* keys -> the data.source values that read them
 SOURCE_KEYS = {
-    "path": ("hdf5",), "test_path": ("hdf5",),
+    "path": ("hdf5",), "test_path": ("hdf5",), "dir": ("fashion-mnist",),
     "n_samples": ("synthetic",), "n_features": ("synthetic",), "n_classes": ("synthetic",),
 }
 #: model.* keys -> the model.kind values that read them
@@ -86,6 +86,7 @@ def rules() -> list[Rule]:
         Rule("data.test_fraction", "splitting the data (data.test_path empty)",
              lambda cfg: not (cfg.data.source == "hdf5" and cfg.data.test_path),
              setting("data.test_path")),
+        choice_rule("data.test_fraction", "data.source", ("digits", "synthetic", "hdf5")),
     ]
 
 

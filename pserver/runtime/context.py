@@ -28,6 +28,7 @@ from pserver.strategies import lookup
 
 DUMP_NAME = "stats.h5"
 DATA_ROLES = (Role.DATA, Role.STATS)  # the ranks that load the dataset; the others see its shape
+DATA_PARTS = {Role.DATA: "train", Role.STATS: "test"}  # what each keeps (learners.data)
 
 
 @dataclass
@@ -136,8 +137,11 @@ def prepare(
     budget = node_budget(layout, nodes, rank, free or None)
     data_bytes, data_what = data_size(cfg.data)
     budget.check_data(data_bytes, data_what)
-    holds_data = layout.role(rank) in DATA_ROLES
-    dataset = (load_dataset if holds_data else describe_dataset)(cfg.data, cfg.run.seed)
+    part = DATA_PARTS.get(layout.role(rank))  # the data server's, the statistics server's
+    if part is None:
+        dataset = describe_dataset(cfg.data, cfg.run.seed)
+    else:
+        dataset = load_dataset(cfg.data, cfg.run.seed, part)
     if layout.role(rank) is Role.STATS:  # it tests on the test set only
         dataset = dataset.test_only()
     if rank == 0 and dataset.scaling is not None and dataset.scaling.warning:  # said once
