@@ -137,10 +137,13 @@ DATASETS = ("fashion-mnist", "digits")
 TRAIN_SAMPLES = 10_000
 
 
-def add_data_args(p: argparse.ArgumentParser, default: str = "fashion-mnist") -> None:
-    """``--data`` and ``--train-samples``: what a reproduce driver trains on."""
+def add_data_args(
+    p: argparse.ArgumentParser, default: str = "fashion-mnist", extra: Sequence[str] = ()
+) -> None:
+    """``--data`` and ``--train-samples``: what a reproduce driver trains on (``extra``: the
+    driver's own data sets, whose overrides it makes itself)."""
     p.add_argument(
-        "--data", choices=DATASETS, default=default,
+        "--data", choices=(*DATASETS, *extra), default=default,
         help="dataset: fashion-mnist (its first --train-samples training images, tested on the "
         "full t10k set) or the quickstart's digits (default: %(default)s)",
     )  # fmt: skip
@@ -168,7 +171,7 @@ def data_label(args: argparse.Namespace) -> str:
 def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """``p.parse_args(argv)`` with the common options checked (one ``error:`` line, exit 2)."""
     args = p.parse_args(argv)
-    if getattr(args, "repeats", 1) < 1:
+    if (getattr(args, "repeats", 1) or 1) < 1:  # None: the script fills in its default
         p.error("--repeats must be >= 1")
     if getattr(args, "timeout", 1.0) <= 0:
         p.error("--timeout must be > 0")

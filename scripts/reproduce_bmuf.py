@@ -11,9 +11,11 @@ and ζ = 1 (eq. 10). Tables 1–3 list, per method and partition N × M (M block
 test WER and the training speedup over single-GPU SGD with the same data passes. The claim:
 MA degrades as N grows, BMUF keeps (or beats) the serial accuracy, NBM ≥ CBM.
 
-Here the same four methods run on the quickstart MLP (one hidden layer of 64) over a harder
-task than the digits, made on the spot by ``learners.teacher`` (labels of a random tanh
-teacher network with Gumbel noise; written to an HDF5 file in ``--out``): pserver's ``ma`` and
+Here the same four methods run on the quickstart MLP (one hidden layer of 64) over
+Fashion-MNIST (``--data``: the first ``--train-samples`` = 10,000 training images, tested on the
+full t10k set), or with ``--data teacher`` over a task made on the spot by ``learners.teacher``
+(labels of a random tanh teacher network with Gumbel noise; written to an HDF5 file in
+``--out``), or the quickstart's digits (``--data digits``): pserver's ``ma`` and
 ``bmuf`` (``protocol.nesterov`` false/true) with λ learners and one shard (the master), and the
 serial baseline as a λ = 1 ``hardsync`` run (bit for bit serial momentum SGD). Every run makes
 the same number of passes over the data (``--epochs``). The local learning rate is the serial
@@ -52,7 +54,10 @@ import numpy as np
 from benchlib import (
     ROOT,
     Launcher,
+    add_data_args,
     bench_parser,
+    data_label,
+    data_overrides,
     idle_summary,
     parse,
     pserver_run,
@@ -105,18 +110,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compute", type=float, default=0.0,
                    help="emulated compute per minibatch, s (inject.compute_time; default 0)")
     p.add_argument("--quick", action="store_true", help="λ = 2, 2 epochs: a smoke run")
+    add_data_args(p, extra=("teacher",))
     args = parse(p, argv)
     if args.quick:
         args.learners, args.epochs, args.samples = [2], 2, 4000
+        args.train_samples = min(args.train_samples or 4000, 4000)
     if args.tau < 1 or args.epochs < 1 or min(args.learners) < 1:
         p.error("--tau, --epochs and --learners must be >= 1")
     args.out.mkdir(parents=True, exist_ok=True)
-    data = args.out / "teacher.h5"
-    task = teacher_task(args.samples, noise=args.noise, seed=0, sharpness=args.sharpness)
-    write_hdf5_dataset(data, *task)
     launcher = Launcher.from_args(__file__, args)
     common = [
-        "data.source=hdf5", f"data.path={data}", f"data.batch_size={args.batch}",
+        *data_sets(args), f"data.batch_size={args.batch}",
         f"run.epochs={args.epochs}", "optim.lr_milestones=[]", "stats.progress=false",
         "run.overwrite=true", f"inject.compute_time={args.compute}", *args.set,
     ]  # fmt: skip
@@ -142,6 +146,25 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"{bad} pserver-stats check problem(s): see the dumps under {args.out}")
     return 1 if bad else 0
+
+
+def data_sets(args: Any) -> list[str]:
+    """The data overrides: benchlib's ``--data``, or the teacher task written to ``--out``."""
+    if args.data != "teacher":
+        return data_overrides(args)
+    data = args.out / "teacher.h5"
+    task = teacher_task(args.samples, noise=args.noise, seed=0, sharpness=args.sharpness)
+    write_hdf5_dataset(data, *task)
+    return ["data.source=hdf5", f"data.path={data}"]
+
+
+def train_size(args: Any) -> int:
+    """Training samples of one pass (the teacher task keeps 75 %: test_fraction 0.25)."""
+    if args.data == "teacher":
+        return int(args.samples * 0.75)
+    if args.data == "digits":
+        return 1347  # the quickstart's split of 1,797 images
+    return args.train_samples or 60_000
 
 
 def in_process_serial(common: list[str], args: Any, seed: int) -> float:
@@ -186,6 +209,10 @@ def one(
     return run
 
 
+def data_name(args: Any) -> str:
+    return "teacher task" if args.data == "teacher" else data_label(args)
+
+
 def spread(values: list[float]) -> str:
     """``mean ± std`` over the seeds (``scripts/claims.py``)."""
     s = claims.Sample.of("", values)
@@ -223,7 +250,7 @@ def verdicts(runs: list[Run]) -> list[claims.Verdict]:
 
 def report(runs: list[Run], args: Any, base: float) -> None:
     """``base``: seconds of in-process serial SGD, the speedups' reference."""
-    per_epoch = (args.samples * 0.75) / args.batch  # minibatches per epoch (test_fraction .25)
+    per_epoch = train_size(args) / args.batch  # minibatches per epoch
     rows = []
     for method in [*METHODS, "serial SGD"]:
         for lam in sorted({x.learners for x in runs if x.method == method}):
@@ -238,7 +265,7 @@ def report(runs: list[Run], args: Any, base: float) -> None:
     print(table(
         ["training method", "partition λ × M", "test error %", "best %", "time s", "speedup"],
         rows,
-        title=f"Tables 1–3 layout: teacher task, {args.epochs} data passes, τ = {args.tau}, "
+        title=f"Tables 1–3 layout: {data_name(args)}, {args.epochs} data passes, τ = {args.tau}, "
         f"lr {args.lr} (MA ×{args.ma_lr_scale or 'λ'}); errors mean ± std over "
         f"{args.repeats} seed(s), times medians",
     ))  # fmt: skip
