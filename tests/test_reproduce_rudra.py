@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import sys
 from argparse import Namespace
 
@@ -130,8 +131,9 @@ def test_bad_options_are_one_error_line(capsys):
 @pytest.mark.parametrize("experiment", rr.EXPERIMENTS)
 def test_quick_run_prints_claims_and_draws(tmp_path, experiment):
     cmd = [sys.executable, str(ROOT / "scripts" / "reproduce_rudra.py"), experiment, "--quick",
-           "--out", str(tmp_path), "--timeout", "150"]  # fmt: skip
-    res = launch.run(cmd, timeout=900, cwd=ROOT)
+           "--out", str(tmp_path), "--timeout", "150",
+           "--pserver-run", shlex.join(launch.pserver_cli())]  # fmt: skip
+    res = launch.run(cmd, timeout=900, cwd=ROOT)  # python -m from ROOT: this checkout's pserver
     assert not res.reason and res.returncode == 0, res.output[-4000:]
     out = res.stdout
     assert "The paper's claims on these runs:" in out and "$ pserver-stats compare" in out
