@@ -9,10 +9,12 @@ prediction error ‖w_{t+S0+1} − f_S(w_t)‖ for S = 0..13 at a measured S0 = 
 at S = S0 (Fig. 3-right).
 
 Here, for each target staleness S, λ = S + 1 learners run ``protocol.name = async`` on the
-quickstart MLP (digits), blocking: a learner's gradient then meets the weights of about λ − 1
-updates later, so the measured mean staleness ⟨σ⟩ is close to S. ``inject.compute_time`` emulates
-a bigger model (each learner sleeps that long per minibatch, as beside a busy accelerator), so
-the λ ranks take turns evenly even on 2 cores. Three runs per S, same seed and data:
+quickstart MLP over Fashion-MNIST (``--data``: the first ``--train-samples`` = 10,000 training
+images, tested on the full t10k set; ``--data digits``: the quickstart's digits), blocking: a
+learner's gradient then meets the weights of about λ − 1 updates later, so the measured mean
+staleness ⟨σ⟩ is close to S. ``inject.compute_time`` emulates a bigger model (each learner
+sleeps that long per minibatch, as beside a busy accelerator), so the λ ranks take turns evenly
+even on 2 cores. Three runs per S and seed, on the same data:
 
 * ``ASGD``     async, w served;
 * ``PP-ASGD``  async with ``protocol.predict = true``: S = ⌊S̄⌋ from the running mean of the
@@ -56,7 +58,18 @@ from typing import Any
 
 import claims
 import numpy as np
-from benchlib import ROOT, Launcher, bench_parser, median, parse, pserver_run, table, write_json
+from benchlib import (
+    ROOT,
+    Launcher,
+    add_data_args,
+    bench_parser,
+    data_overrides,
+    median,
+    parse,
+    pserver_run,
+    table,
+    write_json,
+)
 
 from pserver.dump.reader import load_dump
 from pserver.optim.prediction import error_sq, horizon_sum, paper_staleness
@@ -95,7 +108,7 @@ def overrides(kind: str, args: argparse.Namespace, target: int, lr: float, seed:
         f"run.epochs={args.epochs}", f"run.seed={seed}", f"cluster.learners={target + 1}",
         f"inject.compute_time={args.compute_time!r}", f"optim.lr={lr!r}",
         "optim.rule=momentum", "stats.progress=false", "run.log_level=warning",
-        "run.overwrite=true",
+        "run.overwrite=true", *data_overrides(args),
     ]  # fmt: skip
     if kind == "SSGD":
         return [*common, "protocol.name=hardsync"]
@@ -274,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "reproduce_ppasgd",
                    help="folder of the figures and the runs (default %(default)s)")
     p.add_argument("--quick", action="store_true", help="S = 3 only, 3 epochs: a smoke run")
+    add_data_args(p)
     args = parse(p, argv)
     if args.quick:
         args.staleness, args.epochs = [3], 3
