@@ -171,7 +171,8 @@ def data_label(args: argparse.Namespace) -> str:
 def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """``p.parse_args(argv)`` with the common options checked (one ``error:`` line, exit 2)."""
     args = p.parse_args(argv)
-    if (getattr(args, "repeats", 1) or 1) < 1:  # None: the script fills in its default
+    repeats = getattr(args, "repeats", 1)  # None: the script fills in its own default
+    if repeats is not None and repeats < 1:
         p.error("--repeats must be >= 1")
     if getattr(args, "timeout", 1.0) <= 0:
         p.error("--timeout must be > 0")
