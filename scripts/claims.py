@@ -230,6 +230,6 @@ def both(where: str, claim: str, *parts: Verdict) -> Verdict:
 def report(verdicts: Sequence[Verdict]) -> str:
     """The lines a driver prints: one per claim, then a count."""
     counts = {s: sum(v.status == s for v in verdicts) for s in (HOLDS, FAILS, UNTESTED)}
-    tail = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    tail = ", ".join(f"{s}: {n}" for s, n in counts.items() if n)
     return "\n".join(["The paper's claims on these runs:", *(v.line() for v in verdicts),
                       f"{len(verdicts)} claims: {tail}"])  # fmt: skip

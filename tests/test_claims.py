@@ -89,4 +89,4 @@ def test_the_report_prints_every_status_and_counts_them():
                      c.not_tested("P", "c", "λ = 2 cannot show λ >= 8")])  # fmt: skip
     assert "[holds] P: a" in text and "[does not hold] P: b" in text
     assert "[not tested] P: c\n    λ = 2 cannot show" in text
-    assert text.endswith("3 claims: 1 holds, 1 does not hold, 1 not tested")
+    assert text.endswith("3 claims: holds: 1, does not hold: 1, not tested: 1")
