@@ -130,13 +130,54 @@ def add_pserver_run_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+#: The data the accuracy drivers (``reproduce_*``) train on by default (issue 25, item 6):
+#: Fashion-MNIST, the first ``TRAIN_SAMPLES`` training images (a 2-core machine's time budget)
+#: and the full t10k test set; ``--data digits`` is scikit-learn's 8×8 digits of the quickstart.
+DATASETS = ("fashion-mnist", "digits")
+TRAIN_SAMPLES = 10_000
+
+
+def add_data_args(
+    p: argparse.ArgumentParser, default: str = "fashion-mnist", extra: Sequence[str] = ()
+) -> None:
+    """``--data`` and ``--train-samples``: what a reproduce driver trains on (``extra``: the
+    driver's own data sets, whose overrides it makes itself)."""
+    p.add_argument(
+        "--data", choices=(*DATASETS, *extra), default=default,
+        help="dataset: fashion-mnist (its first --train-samples training images, tested on the "
+        "full t10k set) or the quickstart's digits (default: %(default)s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--train-samples", type=int, default=TRAIN_SAMPLES,
+        help="fashion-mnist: training images kept, 0 for all 60,000 (default: %(default)s)",
+    )  # fmt: skip
+
+
+def data_overrides(args: argparse.Namespace) -> list[str]:
+    """The pserver-run overrides of ``--data`` / ``--train-samples``."""
+    if args.data == "digits":
+        return ["data.source=digits"]
+    return ["data.source=fashion-mnist", f"data.train_samples={args.train_samples}"]
+
+
+def data_label(args: argparse.Namespace) -> str:
+    """``Fashion-MNIST (10,000 training images, t10k test set)`` or ``digits``."""
+    if args.data == "digits":
+        return "digits (8×8, quickstart split)"
+    kept = f"{args.train_samples:,}" if args.train_samples else "all 60,000"
+    return f"Fashion-MNIST ({kept} training images, t10k test set)"
+
+
 def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """``p.parse_args(argv)`` with the common options checked (one ``error:`` line, exit 2)."""
     args = p.parse_args(argv)
-    if getattr(args, "repeats", 1) < 1:
+    repeats = getattr(args, "repeats", 1)  # None: the script fills in its own default
+    if repeats is not None and repeats < 1:
         p.error("--repeats must be >= 1")
     if getattr(args, "timeout", 1.0) <= 0:
         p.error("--timeout must be > 0")
+    if getattr(args, "train_samples", 0) < 0:
+        p.error("--train-samples must be >= 0 (0: all)")
     if getattr(args, "mpiexec_flags", None) is not None:
         try:
             args.mpiexec_flags = shlex.split(args.mpiexec_flags)

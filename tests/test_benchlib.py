@@ -85,3 +85,18 @@ def test_result_of_reads_the_last_result_line():
     assert benchlib.result_of(out, "w") == {"a": 2}
     with pytest.raises(RuntimeError, match="no result from w"):
         benchlib.result_of("nothing", "w")
+
+
+def test_the_accuracy_drivers_default_to_a_fashion_mnist_subset_with_a_full_test_set():
+    p = parser(repeats=3, timeout=1.0)
+    benchlib.add_data_args(p, extra=("teacher",))
+    args = benchlib.parse(p, [])
+    assert benchlib.data_overrides(args) == ["data.source=fashion-mnist",
+                                             "data.train_samples=10000"]  # fmt: skip
+    assert "10,000 training images, t10k test set" in benchlib.data_label(args)
+    digits = benchlib.parse(p, ["--data", "digits"])
+    assert benchlib.data_overrides(digits) == ["data.source=digits"]
+    assert benchlib.parse(p, ["--data", "teacher"]).data == "teacher"
+    assert "all 60,000" in benchlib.data_label(benchlib.parse(p, ["--train-samples", "0"]))
+    with pytest.raises(SystemExit):
+        benchlib.parse(p, ["--train-samples", "-1"])

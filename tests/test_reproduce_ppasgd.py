@@ -23,9 +23,11 @@ from pserver.plan.config import load_config  # noqa: E402
 @pytest.mark.parametrize("kind", rp.KINDS)
 def test_every_run_is_a_valid_config(kind):
     args = argparse.Namespace(epochs=2, compute_time=0.01, probe=10, momentum=rp.PAPER_MOMENTUM,
-                              warmup=rp.PAPER_WARMUP)
+                              warmup=rp.PAPER_WARMUP, data="fashion-mnist",
+                              train_samples=10_000)  # fmt: skip
     cfg = load_config(rp.CONFIG, rp.overrides(kind, args, 9, rp.default_lr(9), 0))
     assert cfg.cluster.learners == 10
+    assert (cfg.data.source, cfg.data.train_samples) == ("fashion-mnist", 10_000)
     assert cfg.protocol.predict == (kind == "PP-ASGD")
     assert cfg.protocol.name == ("hardsync" if kind == "SSGD" else "async")
     # the paper's settings (Sato et al. §4, footnote 5): μ = 0.99, one epoch of warm-up from
@@ -43,6 +45,18 @@ def test_deviations_name_each_departure_with_its_reason():
     extra = rp.deviations(args)[len(base):]
     assert extra == ["momentum μ = 0.9, not 0.99: --momentum given",
                      "warm-up 0 epoch(s), not 1: --warmup given"]
+
+
+def test_fig2_claim_is_judged_over_seeds_and_only_at_large_staleness():
+    def run(kind: str, target: int, repeat: int, error: float) -> rp.Run:
+        return rp.Run(kind, target, repeat, "", target + 1, 0.01, errors=[0.5, error])
+
+    runs = [run("ASGD", 9, r, e) for r, e in enumerate((0.30, 0.32, 0.31))]
+    runs += [run("PP-ASGD", 9, r, e) for r, e in enumerate((0.20, 0.21, 0.19))]
+    (v,) = rp.verdicts(runs, [9])
+    assert v.status == "holds" and "PP-ASGD S=9 20.00 ± 1.00 % (3 seeds)" in v.numbers
+    (quick,) = rp.verdicts(runs, [3])
+    assert quick.status == "not tested" and "S >= 9" in quick.numbers
 
 
 def test_sweep_sums_the_blocks_of_a_probe_and_finds_the_minimum():
