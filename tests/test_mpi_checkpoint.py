@@ -21,9 +21,9 @@ import h5py
 import numpy as np
 import pytest
 
-from pserver.ckpt.files import MANIFEST, latest
+from pserver.ckpt.files import FORMAT, MANIFEST, latest
 from pserver.job import launch
-from tests.mpirun import QUICKSTART, ROOT, run_job
+from tests.mpirun import QUICKSTART, ROOT, reseal, run_job
 
 pytestmark = pytest.mark.mpi
 
@@ -234,11 +234,14 @@ def test_resume_refusals_exit_2_with_one_line(tmp_path):
         del f["w0"]
         d = f.create_dataset("w0", data=short)
         d.attrs["crc32"] = zlib.crc32(short.tobytes())
+    assert "SHA-256 differs" in refused()  # LATEST's checksum of the file (issue 22, D4)
+    reseal(a / "checkpoint", 0)
     assert "'w0' is float32[10]" in refused()
     with h5py.File(shard, "r+") as f:  # one value changed behind the checksum's back
         f["w0"][0] += 1.0
+    reseal(a / "checkpoint", 0)
     assert "corrupt" in refused()
-    (a / "checkpoint" / MANIFEST).write_text(json.dumps({"format": 1}))
+    (a / "checkpoint" / MANIFEST).write_text(json.dumps({"format": FORMAT}))  # fields missing
     assert "cannot be read" in refused()
 
 
