@@ -106,8 +106,11 @@ def test_data_dir_belongs_to_fashion_mnist():
     cfg = DataConfig(dir="/x")
     from pserver.plan.config import Config
 
-    refused, _ = unused(Config(data=cfg, given=frozenset({"data.dir"})))
+    typed = frozenset({"data.dir"})
+    refused, _ = unused(Config(data=cfg, given=typed, overridden=typed))  # on the command line
     assert any("data.dir" in line and "fashion-mnist" in line for line in refused)
+    refused, unread = unused(Config(data=cfg, given=typed))  # in the file: listed, not refused
+    assert not refused and any("data.dir" in entry for entry in unread)
 
 
 @pytest.mark.skipif(not REAL_DIR.is_dir(), reason="Debian's dataset-fashion-mnist is not installed")
