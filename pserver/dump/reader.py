@@ -187,14 +187,7 @@ def _gradients(dump: Dump) -> dict[str, Any]:
         "staleness": staleness_summary(stale),
     }
     if "learner" in grads and stale.size:
-        who = grads["learner"][applied]
-        out["per_learner_mean"] = {
-            int(lid): float(stale[who == lid].mean()) for lid in np.unique(who)
-        }
-    bound = staleness_bound(dump)
-    if bound is not None and stale.size:
-        out["bound_2n"] = bound
-        out["fraction_within_2n"] = float(np.mean(stale <= bound))
+        _per_learner(out, stale, grads["learner"][applied], dump)
     return out
 
 
@@ -228,14 +221,17 @@ def _staleness(dump: Dump) -> dict[str, Any]:
     stale, who = applied_staleness(dump)
     out = staleness_summary(stale)
     if stale.size:
-        out["per_learner_mean"] = {
-            int(lid): float(stale[who == lid].mean()) for lid in np.unique(who)
-        }
+        _per_learner(out, stale, who, dump)
+    return out
+
+
+def _per_learner(out: dict[str, Any], stale: np.ndarray, who: np.ndarray, dump: Dump) -> None:
+    """Add each learner's mean σ and the share within softsync's 2n bound (Rudra §V) to ``out``."""
+    out["per_learner_mean"] = {int(lid): float(stale[who == lid].mean()) for lid in np.unique(who)}
     bound = staleness_bound(dump)
-    if bound is not None and stale.size:
+    if bound is not None:
         out["bound_2n"] = bound
         out["fraction_within_2n"] = float(np.mean(stale <= bound))
-    return out
 
 
 def _exchanges(dump: Dump) -> dict[str, Any]:
