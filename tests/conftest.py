@@ -1,8 +1,9 @@
 """Shared test set-up: ``tests/`` on the path, and the ``mpi`` mark enforced.
 
 A test that starts an MPI launcher (``mpiexec``, ``mpirun``, ``srun`` or the program
-``$PSERVER_MPIEXEC`` names) must carry ``@pytest.mark.mpi``, so ``-m mpi`` / ``-m "not mpi"``
-split the suite truthfully: an unmarked test that launches a job fails with the reason.
+``$PSERVER_MPIEXEC`` names) must carry ``@pytest.mark.mpi`` (or ``slurm``: a job under a real
+SLURM), so ``-m mpi`` / ``-m "not mpi and not slurm"`` split the suite truthfully: an unmarked
+test that launches a job fails with the reason.
 """
 
 import os
@@ -31,7 +32,7 @@ def _exists(program: str) -> bool:
 
 @pytest.fixture(autouse=True)
 def _jobs_carry_the_mpi_mark(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
-    if request.node.get_closest_marker("mpi"):
+    if request.node.get_closest_marker("mpi") or request.node.get_closest_marker("slurm"):
         yield
         return
     real = subprocess.Popen

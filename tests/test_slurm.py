@@ -121,7 +121,8 @@ def test_submitted_job_finishes_with_its_dump_in_the_job_directory(slurm, tmp_pa
     assert "pserver.slurm: exit status 0" in log, log
     attrs = load_dump(tmp_path / "runs" / job / "stats.h5").attrs
     assert attrs["launch"]["SLURM_JOB_ID"] == job and attrs["restarts"] == 0
-    assert "srun --mpi=pmi2" in log and f"host {os.uname().nodename}: 5 ranks" in log
+    # 5 ranks under srun: rank 0's layout line (issue 25) counts them
+    assert "srun --mpi=pmi2" in log and "λ = 2 learners (ranks 3-4), 1 shard (rank 0)" in log
 
 
 def test_mpiexec_inside_the_allocation(slurm, tmp_path):
