@@ -65,10 +65,7 @@ from typing import Any
 SENDER = "sender"
 RECEIVER = "receiver"
 
-# message kinds of the gossip control channel (the first word of a gossip header)
-EXCHANGE = 1  # sender -> receiver: my weights follow; answer with yours
-ANSWER = 2  # receiver -> sender: my weights (before averaging) follow
-BYE = 3  # sender -> receiver: I start no more exchanges
+# the gossip's message kinds and tags are the wire's (pserver.comm.wire.GossipKind, GossipTag)
 
 
 class GossipError(RuntimeError):
