@@ -172,6 +172,13 @@ def average(xp: Any, w: Any, other: Any) -> None:
     w *= 0.5
 
 
+def sum_to_mean(xp: Any, total: Any, n_learners: int) -> None:
+    """The learners' summed models (an allreduce) ← their average, in place: what the statistics
+    server tests (IBM §4 evaluates the learners' average model). Multiplies by 1/λ, as every run
+    has, so the reported models stay the same bit for bit."""
+    xp.multiply(total, 1.0 / n_learners, out=total)
+
+
 def mean_models(models: Iterable[Any]) -> Any:
     """The learners' average model (what the statistics server tests and the dump keeps)."""
     models = list(models)
