@@ -31,16 +31,20 @@ def test_predict_true_serves_predictions_and_staging_moves_them_to_the_staged_co
     assert lookup(name).layers_on(cfg) == (PP_ASGD,)
     mode = serving(cfg)
     assert mode.name == "predicted" and mode.predicts and mode.produced and mode.block == ""
+    assert not mode.sends_read_w  # an update writes w in place: no send reads it
     staged = serving(cfg, staged=True)
     assert staged.predicts and not staged.produced  # written into the staged host copy
+    assert not staged.sends_read_w
 
 
 @pytest.mark.parametrize("name", ["async", "hardsync", "bmuf", "ma", "sync", "adpsgd"])
 def test_without_predict_the_mode_is_plain_or_the_strategys_block(name):
-    mode = serving(load_config(None, [f"protocol.name={name}"]))
+    cfg = load_config(None, [f"protocol.name={name}"])
+    mode = serving(cfg)
     assert not mode.predicts and not mode.produced and mode.predict is None
     assert mode.name == (lookup(name).shard_block or "plain")
     assert mode.name in ("plain", "block-momentum")
+    assert mode.sends_read_w and not serving(cfg, staged=True).sends_read_w  # copy-on-write
 
 
 def test_the_block_predicts_as_its_mode_says():

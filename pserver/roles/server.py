@@ -64,9 +64,6 @@ class ServerShard:
         # the serving mode, decided here once (plain, predicted or BMUF's; with host staging
         # MPI reads staged copies, which are versioned; else w itself is)
         self.mode = serving(self.cfg, staged=self.payloads.staged and self.shm is None)
-        self.staged = self.mode.staged
-        # PP-ASGD: versions hold predictions, produced once per update at the first pull
-        self.predicts = self.mode.produced
         build = BlockBuilder(ctx, self.shm, self.mode, len(self.live))
         self.blocks = build.blocks(mine, weights)
         self.handlers = {Tag.PUSH: self.on_push, Tag.BYE: self.on_bye, Tag.RETIRE: self.on_retire}
@@ -172,9 +169,9 @@ class ServerShard:
 
     def update(self, st: BlockState) -> None:
         decision = st.arith.commit()
-        # sends read w itself: never under them (copy-on-write)
+        # sends read w itself: never under them (copy-on-write); staged or predicted they do not
         into = None
-        if not (self.staged or self.predicts):  # with prediction no send reads w
+        if self.mode.sends_read_w:
             into = st.versions.new_version(self.waiter, st.arith.w.nbytes)
         applied = st.arith.apply(decision, into)
         self.rows.update(st.block.index, applied.decision, applied.lr)

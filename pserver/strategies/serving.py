@@ -44,6 +44,12 @@ class Serving:
         host copy instead, and the versions are those copies."""
         return self.predict is not None and not self.staged
 
+    @property
+    def sends_read_w(self) -> bool:
+        """Weight sends read w itself (no staging, no prediction): an update must then write a
+        new version instead of w in place (copy-on-write, ``pserver.protocols.versions``)."""
+        return not (self.staged or self.produced)
+
 
 def serving(cfg: Config, staged: bool = False) -> Serving:
     """The serving mode of ``cfg``'s strategy with its layers, and the transport's staging."""
