@@ -15,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 from pserver.comm.backend import select_backend
-from pserver.comm.collectives import Allreducer, Neighbours, learner_comm, ring
+from pserver.comm.collectives import Allreducer, learner_comm
 from pserver.comm.waiting import PeerLog, Waiter
 
 SIZES = (0, 1, 1000, 12345)  # 12345 divides by no bucket below
@@ -43,18 +43,6 @@ def check_allreduce(comm: MPI.Comm, waiter: Waiter, staging: str, world_ranks: l
                         assert x.dtype == dtype and np.array_equal(x, want), (n, mib, dtype)
 
 
-def check_ring(comm: MPI.Comm, waiter: Waiter, staging: str) -> None:
-    backend = select_backend("cpu", 0, 1)
-    rank, size = comm.Get_rank(), comm.Get_size()
-    left, right = ring(rank, size)
-    for n in (1, 777):
-        nb = Neighbours(comm, backend, waiter, n, np.float64, staging=staging, tag=7)
-        for salt in range(2):
-            send, recv = data(rank, n, np.float64, salt), np.full(n, np.nan)
-            nb.start(send, right, recv, left).wait()  # send right, hear from the left
-            assert np.array_equal(recv, data(left, n, np.float64, salt)), (n, salt)
-
-
 def main() -> None:
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
@@ -69,7 +57,6 @@ def main() -> None:
         order = learners  # comm rank i is world rank learners[i]
         for staging in ("never", "always"):
             check_allreduce(comm, waiter, staging, order)
-            check_ring(comm, waiter, staging)
         comm.Free()
     for staging in ("never", "always"):
         check_allreduce(world, waiter, staging, list(range(size)))

@@ -18,10 +18,8 @@ from collections.abc import Callable, Generator
 
 import pytest
 
+from pserver.comm.wire import GossipKind
 from pserver.protocols.ring import (
-    ANSWER,
-    BYE,
-    EXCHANGE,
     RECEIVER,
     SENDER,
     Goodbyes,
@@ -33,6 +31,7 @@ from pserver.protocols.ring import (
     mean_models,
 )  # fmt: skip
 
+EXCHANGE, ANSWER, BYE = GossipKind.EXCHANGE, GossipKind.ANSWER, GossipKind.BYE  # as on the wire
 Wait = Callable[[], bool]
 Thread = Generator[Wait | None, None, None]
 

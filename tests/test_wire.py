@@ -8,6 +8,10 @@ with ``ast``: outside ``pserver/comm/wire.py`` the attribute ``.aux`` is only ha
 the decoders, and a header is only built with an encoder's word.
 
 Fails on the main of issue 10: aggregator.py and overlap.py compare ``h.aux`` with ``Reply``.
+
+Every MPI tag is wire.py's too (issue 21): outside it no module gives an MPI call an integer
+literal or a module constant as its tag, nor defines an enum of tags. Fails on the main of issue
+21, where ``pserver/roles/gossip.py`` defined ``CTRL, REPLY, MODEL = 41, 42, 43``.
 """
 
 from __future__ import annotations
@@ -179,3 +183,77 @@ def test_no_raw_aux_outside_the_wire_module():
     assert len(files) > 20
     found = [f for p in files for f in raw_aux_uses(p)]
     assert not found, "\n".join(found)
+
+
+# -- every tag is named in wire.py -------------------------------------------------------------
+
+TAG_AT = {name: 2 for name in ("Send", "Isend", "Issend", "Ssend", "Bsend", "Rsend", "Ibsend",
+                               "Irsend", "Send_init", "Recv", "Irecv", "Recv_init")}  # fmt: skip
+TAG_AT.update({name: 1 for name in ("Probe", "Iprobe", "Mprobe", "Improbe")})
+
+
+def module_ints(tree: ast.Module) -> set[str]:
+    """Names bound to integer literals at module level (``A = 1``, ``A, B = 1, 2``)."""
+    out = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                pairs = (zip(t.elts, node.value.elts, strict=True)
+                         if isinstance(t, ast.Tuple) and isinstance(node.value, ast.Tuple)
+                         else [(t, node.value)])  # fmt: skip
+                out |= {n.id for n, v in pairs if isinstance(n, ast.Name)
+                        and isinstance(v, ast.Constant) and type(v.value) is int}  # fmt: skip
+    return out
+
+
+def tags_defined(path: Path, root: Path = ROOT) -> list[str]:
+    """``file:line: why`` for each MPI tag this module defines itself: an integer literal or a
+    module-level integer constant as a call's tag, or a class of tags."""
+    tree = ast.parse(path.read_text(), str(path))
+    consts, rel, out = module_ints(tree), path.relative_to(root), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name.endswith(("Tag", "Tags")):
+            out.append(f"{rel}:{node.lineno}: class {node.name}: tags belong in wire.py")
+        if not isinstance(node, ast.Call):
+            continue
+        at = TAG_AT.get(callee(node))
+        tag = node.args[at] if at is not None and len(node.args) > at else next(
+            (k.value for k in node.keywords if k.arg == "tag"), None)  # fmt: skip
+        literal = isinstance(tag, ast.Constant) and type(tag.value) is int
+        if literal or (isinstance(tag, ast.Name) and tag.id in consts):
+            out.append(f"{rel}:{node.lineno}: tag {ast.unparse(tag)} defined outside wire.py")
+    return out
+
+
+def test_the_tag_scanner_sees_tags_defined_here(tmp_path):
+    bad = tmp_path / "probe.py"
+    bad.write_text(
+        "A, B = 41, 42\n"
+        "class MyTags:\n"  # a class of tags
+        "    pass\n"
+        "def f(comm, buf, b):\n"
+        "    comm.Isend(buf, 1, A)\n"  # a module constant
+        "    comm.Improbe(0, 7)\n"  # a literal
+        "    comm.send(buf, dest=1, tag=B)\n"  # by keyword
+        "    comm.Irecv(buf, 1, Tag.PULL)\n"  # fine: the wire's
+        "    comm.Irecv(buf, 1, b.index)\n"  # fine: a payload's block
+        "    comm.Recv(buf, 1, reply_tag(b))\n"  # fine
+        "    records.send(buf, 3, 4)\n"  # fine: not an MPI call by keyword or position
+    )
+    found = tags_defined(bad, tmp_path)
+    assert sorted(int(f.split(":")[1]) for f in found) == [2, 5, 6, 7], found
+
+
+def test_no_tag_defined_outside_the_wire_module():
+    files = [p for pkg in ("pserver", "learners") for p in sorted((ROOT / pkg).rglob("*.py"))
+             if p != WIRE and "__pycache__" not in p.parts]  # fmt: skip
+    assert len(files) > 20
+    found = [f for p in files for f in tags_defined(p)]
+    assert not found, "\n".join(found)
+
+
+def test_the_gossip_tags_and_kinds_keep_their_wire_values():
+    assert {t.name: int(t) for t in wire.GossipTag} == {"CTRL": 41, "REPLY": 42, "MODEL": 43}
+    assert {k.name: int(k) for k in wire.GossipKind} == {"EXCHANGE": 1, "ANSWER": 2, "BYE": 3}
+    # the learners' communicator carries only the gossip; still, no value is also a reply's tag
+    assert all(int(t) not in set(Tag) and t < wire.REPLY_TAG_BASE for t in wire.GossipTag)

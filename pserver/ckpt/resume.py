@@ -49,6 +49,7 @@ from pserver.ckpt.records.prediction import check_predictor
 from pserver.plan.config import Config
 from pserver.strategies import lookup
 from pserver.strategies.base import COLLECTIVE, MODEL_AVERAGING, PARAMETER_SERVER
+from pserver.strategies.serving import serving
 
 CKPT_DIR = "checkpoint"
 # families whose every role has state()/restore()
@@ -197,7 +198,7 @@ def check_state(ctx: Any) -> None:
                 expect(state, f"opt{b.index}.{name}", (b.size,), dtype, where)
             if str(b.index) not in state.attrs.get("blocks", {}):
                 raise CheckpointError(f"{where}: the checkpoint lacks block {b.index}'s state")
-            if ctx.cfg.protocol.predict:  # PP-ASGD's predictor (pserver.ckpt.records.prediction)
+            if serving(ctx.cfg).predicts:  # PP-ASGD's predictor (pserver.ckpt.records.prediction)
                 check_predictor(ctx.cfg, state, b, where)
     elif role is Role.DATA:
         sampler = state.attrs.get("sampler", {})

@@ -1,4 +1,5 @@
-"""Collectives among the learners: a bucketed non-blocking allreduce and a neighbour exchange.
+"""Collectives among the learners: a bucketed non-blocking allreduce, and the gossip ring's
+neighbours (:func:`ring`).
 
 The learners-only strategies (SYNC and HYBRID allreduce gradients or weights, ADPSGD averages
 with a ring neighbour) run these on the **learners' communicator**, built once at start by
@@ -170,43 +171,3 @@ class Allreducer:
             a, b = self.buckets[i]
             self.host.from_host(i, array[a:b])
 
-
-class Neighbours:
-    """Send one ``n``-element array to a rank of ``comm`` while receiving one from another
-    (a gossip ring's step), staged like :class:`Allreducer`. One exchange at a time."""
-
-    def __init__(
-        self, comm: MPI.Comm, backend: Backend, waiter: Waiter, n: int, dtype: Any,
-        *, staging: str = "auto", tag: int = 0,
-    ) -> None:  # fmt: skip
-        self.comm, self.backend, self.waiter, self.n, self.tag = comm, backend, waiter, n, tag
-        on_host = staged(backend, staging)
-        self.outbox = StagingBuffers(backend, [n], dtype) if on_host else None
-        self.inbox = StagingBuffers(backend, [n], dtype) if on_host else None
-
-    def start(self, send: Any, dest: int, recv: Any, source: int) -> Handle:
-        """Send ``send`` to ``dest`` and receive into ``recv`` from ``source`` (ranks of ``comm``).
-
-        ``send`` must not change until the handle completes; ``recv`` holds the neighbour's
-        array once it has.
-        """
-        for a in (send, recv):
-            if a.size != self.n:
-                raise ValueError(f"exchange of {self.n} elements got {a.size}")
-        if self.outbox is not None:
-            out, into = self.outbox.to_host(0, send), self.inbox.host(0)
-        else:
-            self.backend.synchronize()
-            out, into = send, recv
-        reqs = [self.comm.Irecv(into, source, self.tag), self.comm.Isend(out, dest, self.tag)]
-
-        def step() -> bool:
-            if not MPI.Request.Testall(reqs):
-                return False
-            if self.inbox is not None:
-                self.inbox.from_host(0, recv)
-            return True
-
-        handle = Handle(self.waiter, step, f"an exchange with ranks {dest} and {source}")
-        handle.test()
-        return handle

@@ -42,6 +42,28 @@ class Tag(enum.IntEnum):
     RETIRE = 12
 
 
+# -- ADPSGD's gossip (pserver.roles.gossip), on the learners' communicator ---------------------
+# That communicator carries no other point-to-point traffic, so these tags cannot meet a Tag.
+
+
+@enum.unique
+class GossipTag(enum.IntEnum):
+    """MPI tags of ADPSGD's exchanges (IBM paper §3, Fig. 3b) on the learners' communicator."""
+
+    CTRL = 41  # sender -> receiver: a gossip header (an EXCHANGE or a BYE)
+    REPLY = 42  # receiver -> sender: a gossip header (an ANSWER)
+    MODEL = 43  # either way: the model that follows an EXCHANGE or an ANSWER
+
+
+@enum.unique
+class GossipKind(enum.IntEnum):
+    """First word of a gossip header ``[kind, step, clock…]`` (int64)."""
+
+    EXCHANGE = 1  # sender -> receiver: my weights follow; answer with yours
+    ANSWER = 2  # receiver -> sender: my weights (before averaging) follow
+    BYE = 3  # sender -> receiver: I start no more exchanges
+
+
 # -- the aux word, one encoder and one decoder per message kind --------------------------------
 # Outside this module nobody reads or compares ``Header.aux`` raw: it means a different thing for
 # every kind (tests/test_wire.py checks the code base for raw uses).

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pserver import strategies
+from pserver.strategies.prediction import PP_ASGD
 
 #: data.* keys -> the data.source values that read them
 SOURCE_KEYS = {
@@ -100,9 +101,10 @@ def rules() -> list[Rule]:
              lambda cfg: cfg.optim.warmup_epochs > 0, setting("optim.warmup_epochs")),
         Rule("optim.lr_decay_from", "annealing (optim.lr_decay < 1)",
              lambda cfg: cfg.optim.lr_decay != 1.0, setting("optim.lr_decay")),
-        *(Rule(f"protocol.{k}", "protocol.predict = true (PP-ASGD)",
-               lambda cfg: cfg.protocol.predict, setting("protocol.predict"))
-          for k in ("predict_steps", "predict_probe")),
+        # PP-ASGD's keys beside its switch, from its registry descriptor
+        *(Rule(f"protocol.{p.key}", f"protocol.{PP_ASGD.switch} = true (PP-ASGD)",
+               PP_ASGD.on, setting(f"protocol.{PP_ASGD.switch}"))
+          for p in PP_ASGD.params[1:]),
         choice_rule("data.test_fraction", "data.source", ("digits", "synthetic", "hdf5")),
     ]
 

@@ -13,7 +13,7 @@ batch`` samples.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pserver.optim.block_momentum import BlockMomentum, Filter, default_block_momentum
 from pserver.plan.config import Config, OptimConfig
@@ -22,6 +22,9 @@ from pserver.protocols.base import Protocol, UpdateDecision
 from pserver.protocols.epochs import EpochCounter
 from pserver.protocols.shard_block import Applied, ShardBlock
 from pserver.strategies.bmuf import AUTO
+
+if TYPE_CHECKING:
+    from pserver.strategies.serving import Serving
 
 
 def block_filter(cfg: Config, n_learners: int) -> Filter:
@@ -52,8 +55,10 @@ class BlockMomentumShard(ShardBlock):
 
     @classmethod
     def build(
-        cls, w: Any, cfg: Config, n_learners: int, train_size: int, xp: Any
-    ) -> BlockMomentumShard:
+        cls, w: Any, cfg: Config, n_learners: int, train_size: int, xp: Any,
+        mode: Serving | None = None,
+    ) -> BlockMomentumShard:  # fmt: skip
+        """BMUF's master block (no layer runs over BMUF: ``mode`` only says so)."""
         flt = block_filter(cfg, n_learners)
         epochs = EpochCounter(
             train_size, cfg.data.batch_size * flt.tau, cfg.run.epochs, cfg.stats.test_every,

@@ -65,10 +65,7 @@ from typing import Any
 SENDER = "sender"
 RECEIVER = "receiver"
 
-# message kinds of the gossip control channel (the first word of a gossip header)
-EXCHANGE = 1  # sender -> receiver: my weights follow; answer with yours
-ANSWER = 2  # receiver -> sender: my weights (before averaging) follow
-BYE = 3  # sender -> receiver: I start no more exchanges
+# the gossip's message kinds and tags are the wire's (pserver.comm.wire.GossipKind, GossipTag)
 
 
 class GossipError(RuntimeError):
@@ -173,6 +170,13 @@ def average(xp: Any, w: Any, other: Any) -> None:
     """w ← (w + w')/2 in place (IBM eq. 4, second line)."""
     w += other
     w *= 0.5
+
+
+def sum_to_mean(xp: Any, total: Any, n_learners: int) -> None:
+    """The learners' summed models (an allreduce) ← their average, in place: what the statistics
+    server tests (IBM §4 evaluates the learners' average model). Multiplies by 1/λ, as every run
+    has, so the reported models stay the same bit for bit."""
+    xp.multiply(total, 1.0 / n_learners, out=total)
 
 
 def mean_models(models: Iterable[Any]) -> Any:

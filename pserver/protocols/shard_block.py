@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pserver.optim.prediction import Predictor, ProbeResult
 from pserver.optim.rules import make_updater, scheduled_lr
@@ -37,6 +37,9 @@ from pserver.plan.config import Config, OptimConfig
 from pserver.protocols import make_protocol
 from pserver.protocols.base import Arrival, GradientDecision, Protocol, UpdateDecision
 from pserver.protocols.epochs import EpochCounter, EpochEnds
+
+if TYPE_CHECKING:
+    from pserver.strategies.serving import Serving
 
 
 @dataclass(frozen=True)
@@ -98,8 +101,17 @@ class ShardBlock:
         return self.updater.state_arrays()["velocity"]
 
     @classmethod
-    def build(cls, w: Any, cfg: Config, n_learners: int, train_size: int, xp: Any) -> ShardBlock:
-        """The block of weights ``w`` under ``cfg``'s protocol, update rule and epochs."""
+    def build(
+        cls, w: Any, cfg: Config, n_learners: int, train_size: int, xp: Any,
+        mode: Serving | None = None,
+    ) -> ShardBlock:  # fmt: skip
+        """The block of weights ``w`` under ``cfg``'s protocol, update rule and epochs; it
+        predicts where the shard's serving mode ``mode`` says so (None: ``cfg``'s, from the
+        registry: PP-ASGD's layer, ``pserver.strategies.serving``)."""
+        if mode is None:
+            from pserver.strategies.serving import serving  # the registry imports protocols
+
+            mode = serving(cfg)
         block = cls(
             w,
             make_protocol(cfg, n_learners),
@@ -108,7 +120,7 @@ class ShardBlock:
             EpochCounter.from_config(cfg, train_size),
             xp,
         )
-        if cfg.protocol.predict:
+        if mode.predicts:
             block.predicting(cfg.protocol.predict_steps, cfg.protocol.predict_probe)
         return block
 

@@ -40,6 +40,7 @@ from pserver.comm.wire import (
 )
 from pserver.plan.topology import Block
 from pserver.protocols.pull import pull_answer
+from pserver.protocols.tree import add_gradient
 from pserver.protocols.versions import VersionPool, release_completed
 from pserver.runtime.context import Context
 
@@ -227,11 +228,9 @@ class Aggregator:
         pairs = self.child_clock(h)
         if r.stopped:
             return  # training is over: the server would drop it too
-        if not r.got:
+        if not r.got:  # the first of a round is swapped in as the sum: the last one must be sent
             self.drain(r.forwarding, "the previous sum to reach the parent")
-            r.recv, r.total = r.total, r.recv  # first of the round: swap instead of zero + add
-        else:
-            self.xp.add(r.total, r.recv, out=r.total)
+        r.total, r.recv = add_gradient(self.xp, r.total, r.recv, first=not r.got)
         r.got.add(h.sender)  # a fast child may push twice in a round: both are summed and clocked
         r.clock.extend(pairs)
         self.maybe_forward(r)

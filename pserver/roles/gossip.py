@@ -22,10 +22,10 @@ the one it keeps. Both sides compute ``(a + b)·0.5`` with the same two arrays (
 commutes), so both hold the same average bit for bit, and the sum of the models is unchanged.
 
 Wire (on the learners' communicator, tags below): a gossip header is ``[kind, step, clock…]``
-(int64; ``pserver.protocols.ring`` EXCHANGE / ANSWER / BYE, the sender's own step count and its
-vector
-clock). Sender → receiver: header on ``CTRL``, model on ``MODEL``; receiver → sender: header on
-``REPLY``, model on ``MODEL``. A receiver finds requests with a matched probe (never a posted
+(int64; :class:`pserver.comm.wire.GossipKind` EXCHANGE / ANSWER / BYE, the sender's own step
+count and its vector clock). Sender → receiver: header on ``GossipTag.CTRL``, model on
+``GossipTag.MODEL``; receiver → sender: header on ``GossipTag.REPLY``, model on
+``GossipTag.MODEL``. A receiver finds requests with a matched probe (never a posted
 wildcard receive: docs/architecture.md, "Wildcard receives") and serves one at a time.
 """
 
@@ -41,10 +41,8 @@ from mpi4py import MPI
 
 from pserver.comm.engine import CommEngine
 from pserver.comm.waiting import Waiter
+from pserver.comm.wire import GossipKind, GossipTag
 from pserver.protocols.ring import (
-    ANSWER,
-    BYE,
-    EXCHANGE,
     RECEIVER,
     SENDER,
     Goodbyes,
@@ -55,7 +53,6 @@ from pserver.protocols.ring import (
     average,
 )  # fmt: skip
 
-CTRL, REPLY, MODEL = 41, 42, 43  # tags on the learners' communicator (no other user there)
 STAGE_OUT, STAGE_IN = 0, 1  # staging buffers (GPU arrays without CUDA-aware MPI)
 
 Apply = Callable[[Any, Any, int], None]  # (w, g, own step) -> w updated in place
@@ -164,17 +161,16 @@ class Gossip:
 
     def finish(self) -> None:
         """Goodbyes (``pserver.protocols.ring``, Termination): a sender's last exchange, then one
-        BYE
-        to each neighbour; a receiver answers until every neighbour has said goodbye."""
+        BYE to each neighbour; a receiver answers until every neighbour has said goodbye."""
         self.engine.threaded = False  # the thread is stopped: waits drive progress
         if self.role == SENDER:
             self.wait_exchange()
             with self.lock:
                 for j in self.ring.neighbours(self.me):
-                    self.hdr_out[:2] = (BYE, self.clock.own)
+                    self.hdr_out[:2] = (GossipKind.BYE, self.clock.own)
                     self.hdr_out[2:] = self.clock.steps
                     # a copy per neighbour: Isend must not see the buffer change under it
-                    self.byes.append(self.comm.Isend(self.hdr_out.copy(), j, CTRL))
+                    self.byes.append(self.comm.Isend(self.hdr_out.copy(), j, GossipTag.CTRL))
             self.waiter.waitall(self.byes, "goodbyes to the neighbours to be delivered")
         else:
             assert self.goodbyes is not None
@@ -194,17 +190,17 @@ class Gossip:
 
     def start(self, partner: int) -> None:
         """Send our model to ``partner`` with our header; post the receives of its answer."""
-        self.hdr_out[:2] = (EXCHANGE, self.clock.own)
+        self.hdr_out[:2] = (GossipKind.EXCHANGE, self.clock.own)
         self.hdr_out[2:] = self.clock.steps
         out = self.stage.to_host(STAGE_OUT, self.w) if self.stage is not None else self.w
         into = self.stage.host(STAGE_IN) if self.stage is not None else self.theirs
         if self.stage is None:
             self.synchronize()  # MPI must not read a device buffer a kernel still writes
         reqs = [
-            self.comm.Irecv(self.hdr_in, partner, REPLY),
-            self.comm.Irecv(into, partner, MODEL),
-            self.comm.Isend(self.hdr_out, partner, CTRL),
-            self.comm.Isend(out, partner, MODEL),
+            self.comm.Irecv(self.hdr_in, partner, GossipTag.REPLY),
+            self.comm.Irecv(into, partner, GossipTag.MODEL),
+            self.comm.Isend(self.hdr_out, partner, GossipTag.CTRL),
+            self.comm.Isend(out, partner, GossipTag.MODEL),
         ]
         self.pending = (partner, reqs, time.perf_counter())
 
@@ -214,7 +210,7 @@ class Gossip:
         partner, reqs, started = self.pending
         if not MPI.Request.Testall(reqs):
             return False
-        if int(self.hdr_in[0]) != ANSWER:
+        if int(self.hdr_in[0]) != GossipKind.ANSWER:
             raise GossipError(f"learner {self.me}: got kind {int(self.hdr_in[0])}, not an answer")
         if self.stage is not None:
             self.stage.from_host(STAGE_IN, self.theirs)
@@ -227,20 +223,20 @@ class Gossip:
         if self.serving is not None:
             return self.serve()
         status = MPI.Status()
-        msg = self.comm.Improbe(MPI.ANY_SOURCE, CTRL, status)
+        msg = self.comm.Improbe(MPI.ANY_SOURCE, GossipTag.CTRL, status)
         if msg is None:
             return False
         sender = status.Get_source()
         msg.Recv(self.hdr_in)
         assert self.goodbyes is not None
-        if int(self.hdr_in[0]) == BYE:
+        if int(self.hdr_in[0]) == GossipKind.BYE:
             self.goodbyes.bye(sender)
             return True
-        if int(self.hdr_in[0]) != EXCHANGE:
+        if int(self.hdr_in[0]) != GossipKind.EXCHANGE:
             raise GossipError(f"learner {self.me}: got kind {int(self.hdr_in[0])} from {sender}")
         self.goodbyes.request(sender)
         into = self.stage.host(STAGE_IN) if self.stage is not None else self.theirs
-        req = self.comm.Irecv(into, sender, MODEL)
+        req = self.comm.Irecv(into, sender, GossipTag.MODEL)
         self.serving = (sender, "receiving", [req], time.perf_counter())
         self.serve()
         return True
@@ -258,7 +254,7 @@ class Gossip:
             self.xp.copyto(self.answer, self.w)  # the model we answer with ...
             average(self.xp, self.w, self.theirs)  # ... and the one we keep, in one region
             clock = self.hdr_in.copy()
-            self.hdr_out[:2] = (ANSWER, self.clock.own)
+            self.hdr_out[:2] = (GossipKind.ANSWER, self.clock.own)
             self.hdr_out[2:] = self.clock.steps
             self.mixed(sender, clock, started)
             out = self.answer
@@ -267,8 +263,8 @@ class Gossip:
             else:
                 self.synchronize()
             sends = [
-                self.comm.Isend(self.hdr_out, sender, REPLY),
-                self.comm.Isend(out, sender, MODEL),
+                self.comm.Isend(self.hdr_out, sender, GossipTag.REPLY),
+                self.comm.Isend(out, sender, GossipTag.MODEL),
             ]
             self.serving = (sender, "answering", sends, started)
             return True

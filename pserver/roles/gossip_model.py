@@ -41,6 +41,7 @@ from pserver.ckpt.records.gossip import minibatches_to, owed
 from pserver.comm.collectives import Allreducer, Handle
 from pserver.protocols.epochs import EpochCounter
 from pserver.protocols.lockstep import total_minibatches
+from pserver.protocols.ring import sum_to_mean
 from pserver.roles.model_report import ModelReport
 
 
@@ -88,7 +89,7 @@ class GossipModel:
     def reported(self) -> None:
         assert self.inflight is not None
         epoch, steps, _ = self.inflight
-        self.xp.multiply(self.buf, 1.0 / self.lam, out=self.buf)
+        sum_to_mean(self.xp, self.buf, self.lam)
         self.report.send(self.buf, epoch, steps)
         self.inflight = None
 
@@ -130,6 +131,6 @@ class GossipModel:
             return
         self.xp.copyto(self.buf, w)
         self.red.start(self.buf).wait("the learners' final average model")
-        self.xp.multiply(self.buf, 1.0 / self.lam, out=self.buf)
+        sum_to_mean(self.xp, self.buf, self.lam)
         self.report.send(self.buf, self.last_epoch, steps)
         self.report.drain(self.buf, steps, self.waiter)

@@ -40,6 +40,7 @@ from pserver.roles.shard_state import BlockBuilder, BlockState
 from pserver.roles.shard_versions import summary
 from pserver.roles.snapshots import SNAPSHOT_QUEUE_MAX, snapshot_queue
 from pserver.runtime.context import Context
+from pserver.strategies.serving import serving
 
 __all__ = ["SNAPSHOT_QUEUE_MAX", "BlockState", "ServerShard", "snapshot_queue"]
 
@@ -60,11 +61,10 @@ class ServerShard:
         self.window_peers = frozenset(self.shm.local[ctx.rank] if self.shm is not None else ())
         mine = ctx.blocks_of(self.shard)
         self.payloads = Payloads(ctx.backend, mine, weights.dtype, self.cfg.comm.staging)
-        # with host staging MPI reads staged copies, which are versioned; else w itself is
-        self.staged = self.payloads.staged and self.shm is None
-        # PP-ASGD: versions hold predictions, produced once per update at the first pull
-        self.predicts = self.cfg.protocol.predict and not self.staged
-        build = BlockBuilder(ctx, self.shm, self.staged, len(self.live))
+        # the serving mode, decided here once (plain, predicted or BMUF's; with host staging
+        # MPI reads staged copies, which are versioned; else w itself is)
+        self.mode = serving(self.cfg, staged=self.payloads.staged and self.shm is None)
+        build = BlockBuilder(ctx, self.shm, self.mode, len(self.live))
         self.blocks = build.blocks(mine, weights)
         self.handlers = {Tag.PUSH: self.on_push, Tag.BYE: self.on_bye, Tag.RETIRE: self.on_retire}
         self.rows = ShardRows(self.records, self.shard, min(self.blocks), ctx.now)
@@ -169,9 +169,9 @@ class ServerShard:
 
     def update(self, st: BlockState) -> None:
         decision = st.arith.commit()
-        # sends read w itself: never under them (copy-on-write)
+        # sends read w itself: never under them (copy-on-write); staged or predicted they do not
         into = None
-        if not (self.staged or self.predicts):  # with prediction no send reads w
+        if self.mode.sends_read_w:
             into = st.versions.new_version(self.waiter, st.arith.w.nbytes)
         applied = st.arith.apply(decision, into)
         self.rows.update(st.block.index, applied.decision, applied.lr)

@@ -26,7 +26,7 @@ class PullAnswers:
         self.ctx, self.ch, self.blocks = shard.ctx, shard.ch, shard.blocks
         self.inject, self.rows, self.payloads = shard.inject, shard.rows, shard.payloads
         self.shm, self.zero_copy, self.window_peers = shard.shm, shard.zero_copy, shard.window_peers
-        self.staged, self.predicts = shard.staged, shard.predicts
+        self.mode = shard.mode  # decided once by the server (pserver.strategies.serving)
         self.out = header_buffer()
         self.ack = np.empty(0, dtype=np.int8)  # shared-window copies are acknowledged empty
         self.bytes_out = 0
@@ -94,9 +94,9 @@ class PullAnswers:
         elif answer is not Reply.WEIGHTS:
             self.reply(h.sender, st, answer)
         else:
-            if self.staged and st.versions.staged_ts != a.ts:
+            if self.mode.staged and st.versions.staged_ts != a.ts:
                 self.stage(st)  # once per update, however many learners pull it
-            elif self.predicts and st.versions.served_ts != a.ts:
+            elif self.mode.produced and st.versions.served_ts != a.ts:
                 st.versions.produce(a.serve, a.ts)  # f_S(w, M), once per update
             if not st.versions.can_pin():
                 st.starved.append(h)
@@ -126,7 +126,8 @@ class PullAnswers:
             req = self.ch.ack.Irecv(self.ack, dest, b)
         else:
             self.reply(dest, st, Reply.WEIGHTS)
-            if not self.staged and v.staged_ts != st.arith.ts:  # MPI must not read a busy device
+            # MPI must not read a busy device
+            if not self.mode.staged and v.staged_ts != st.arith.ts:
                 self.ctx.backend.synchronize()
                 v.staged_ts = st.arith.ts
             req = self.ch.bulk.Isend(v.current, dest, b)

@@ -21,7 +21,8 @@ from pserver.protocols.shard_block import ShardBlock
 from pserver.roles.shard_versions import ServedVersions
 from pserver.roles.snapshots import Snapshots, snapshot_queue
 from pserver.runtime.context import Context
-from pserver.strategies import BLOCK_MOMENTUM, lookup
+from pserver.strategies import BLOCK_MOMENTUM
+from pserver.strategies.serving import Serving
 
 #: ``Strategy.shard_block`` -> the block's arithmetic (pure).
 SHARD_BLOCKS: dict[str, type[ShardBlock]] = {"": ShardBlock, BLOCK_MOMENTUM: BlockMomentumShard}
@@ -47,7 +48,7 @@ class BlockBuilder:
 
     ctx: Context
     shm: Any  # the node's shared windows, when this shard serves through one, else None
-    staged: bool  # weight sends read staged host copies (versioned), not w itself
+    mode: Serving  # what the blocks compute and serve, decided once by the server
     readers: int  # ranks that pull from the shard
 
     def blocks(self, mine: list[Block], weights: Any) -> dict[int, BlockState]:
@@ -61,15 +62,15 @@ class BlockBuilder:
         if self.shm is not None:  # the weights live in the node's window, where learners read
             w = self.shm.weights(ctx.rank, b)
             w[...] = weights[b.start : b.stop]
-        predicts = ctx.cfg.protocol.predict and not self.staged
-        if predicts:  # the versions (in the window with shm) hold f_S(w, M); w is private
+        mode = self.mode
+        if mode.produced:  # the versions (in the window with shm) hold f_S(w, M); w is private
             served, w = w, xp.array(weights[b.start : b.stop], dtype=dtype)
-        kind = SHARD_BLOCKS[lookup(ctx.cfg.protocol.name).shard_block]  # BMUF's, or ShardBlock
-        arith = kind.build(w, ctx.cfg, len(ctx.layout.learners), ctx.train_size, xp)
-        bufs = [] if self.staged else [served if predicts else w]
+        kind = SHARD_BLOCKS[mode.block]  # BMUF's, or ShardBlock
+        arith = kind.build(w, ctx.cfg, len(ctx.layout.learners), ctx.train_size, xp, mode)
+        bufs = [] if mode.staged else [served if mode.produced else w]
         buffer = lambda v: self.version_buffer(b, w, v)  # noqa: E731
         versions = ServedVersions(b.index, self.version_limit(), bufs, buffer, xp)
-        if predicts:
+        if mode.produced:
             arith.serve(served)  # f_S(w0, 0) = w0
             versions.served_ts = arith.ts
         return BlockState(b, arith, versions, Snapshots(ctx, b.index, b.size, dtype, depth))

@@ -60,6 +60,43 @@ class Ranks:
 
 
 @dataclass(frozen=True)
+class Layer:
+    """A strategy of one family that runs over the strategies of another, selected by a boolean
+    key beside ``protocol.name`` (PP-ASGD, Sato et al. 2017: ``protocol.predict = true`` over
+    async, softsync, SSP and PSP; ``pserver.strategies.prediction``). A host strategy declares
+    it in ``Strategy.layers``; its family's checks run the layer's at :func:`check_layers`.
+
+    ``params``: its keys, the switch first; ``checks``: receive the host descriptor and the
+    config, as a strategy's do; ``serves``: when on, a shard serves its pulls a model other
+    than ``w`` (PP-ASGD's f_S(w, M)), so the shard's versions hold that model
+    (``pserver.strategies.serving``)."""
+
+    name: str
+    family: str
+    summary: str
+    params: tuple[Param, ...]
+    checks: tuple[Check, ...] = ()
+    serves: bool = False
+
+    @property
+    def switch(self) -> str:
+        """The ``protocol.*`` key that turns the layer on."""
+        return self.params[0].key
+
+    def on(self, cfg: Config) -> bool:
+        """Whether ``cfg`` selects this layer."""
+        return bool(getattr(cfg.protocol, self.switch))
+
+
+def check_layers(s: Strategy, cfg: Config) -> None:
+    """The checks of every layer ``s`` declares, in order (a family's check: its place in the
+    family's ``CHECKS`` is where the layers' errors come)."""
+    for layer in s.layers:
+        for check in layer.checks:
+            check(s, cfg)
+
+
+@dataclass(frozen=True)
 class Strategy:
     """One entry of the registry. ``params``: the keys of this strategy alone; ``shared``:
     keys it shares with its family (the family's descriptors list the same ones);
@@ -67,8 +104,8 @@ class Strategy:
     :meth:`exchange`; ``waits_for_update``: learners compute each iteration on the weights
     of the latest update (the shard protocol's attribute of the same name, tested equal);
     ``tree``: the aggregator tree may sum its gradients (``cluster.tree_fanout``);
-    ``layered``: keys of a layer over the strategy, not of its family (PP-ASGD's
-    ``protocol.predict*`` over the parameter-server strategies, whose checks hold them);
+    ``layers``: strategies of another family that may run over this one (:class:`Layer`:
+    PP-ASGD over the parameter-server strategies), whose keys are :attr:`layered`;
     ``lockstep``: see the field."""
 
     name: str
@@ -82,7 +119,7 @@ class Strategy:
     waits_for_update: bool = False
     tree: bool = False
     checks: tuple[Check, ...] = ()
-    layered: tuple[Param, ...] = ()
+    layers: tuple[Layer, ...] = ()
     # learners-only: every learner takes the same number of steps (SYNC, HYBRID: their
     # allreduce needs every learner); False: free-running learners (pserver.protocols.lockstep)
     lockstep: bool = False
@@ -91,6 +128,15 @@ class Strategy:
     shard_block: str = ""
     # the fewest learners it can run with (checked at start-up, when λ is known)
     min_learners: int = 1
+
+    @property
+    def layered(self) -> tuple[Param, ...]:
+        """The keys of the layers over this strategy, not of its family."""
+        return tuple(p for layer in self.layers for p in layer.params)
+
+    def layers_on(self, cfg: Config) -> tuple[Layer, ...]:
+        """The layers ``cfg`` selects over this strategy."""
+        return tuple(layer for layer in self.layers if layer.on(cfg))
 
     def uses(self, key: str) -> bool:
         """Whether ``protocol.<key>`` means anything to this strategy."""

@@ -20,7 +20,7 @@ HARDSYNC = Strategy(
     protocol=protocol,
     params=(Param("ref_batch", int, 0, ">= 0", help="B of the factor √(λμ/B); 0: μ"),),
     shared=ps.SHARED,
-    layered=ps.LAYERED,
+    layers=ps.LAYERS,
     exchanges=ps.EXCHANGES,
     waits_for_update=True,
     tree=True,

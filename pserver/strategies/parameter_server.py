@@ -12,8 +12,8 @@ import math
 
 from pserver.errors import ConfigError
 from pserver.protocols.partial_pull import EPS
-from pserver.strategies.base import PS, PS_OVERLAP, Config, Param, Strategy
-from pserver.strategies.prediction import PREDICT, check_predict
+from pserver.strategies.base import PS, PS_OVERLAP, Config, Param, Strategy, check_layers
+from pserver.strategies.prediction import PP_ASGD
 
 #: The ``protocol.*`` keys of the whole family (``Strategy.shared``).
 SHARED = (
@@ -23,8 +23,8 @@ SHARED = (
     Param("pull_timestamp", str, "auto", help="which round a push answers"),
 )
 
-#: Keys of the layers over every PS strategy (``Strategy.layered``): PP-ASGD's prediction.
-LAYERED = PREDICT
+#: The layers over every PS strategy (``Strategy.layers``): PP-ASGD's prediction.
+LAYERS = (PP_ASGD,)
 
 #: A learner exchange for every ``comm.mode``.
 EXCHANGES = {"blocking": PS, "nonblocking": PS_OVERLAP, "thread": PS_OVERLAP}
@@ -150,10 +150,11 @@ def check_round_lr_policy(s: Strategy, cfg: Config) -> None:
         )
 
 
-#: The family's checks, run before each strategy's own (same order as before the registry).
+#: The family's checks, run before each strategy's own (same order as before the registry;
+#: ``check_layers`` runs PP-ASGD's where its check always ran).
 CHECKS = (
     check_pull_fraction, check_pull_timestamp, check_overlap, check_max_inflight, check_tree,
-    check_predict, check_pull_block_count,
+    check_layers, check_pull_block_count,
 )  # fmt: skip
 
 

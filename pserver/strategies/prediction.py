@@ -1,17 +1,19 @@
-"""PP-ASGD (Sato et al. 2017) on the parameter-server strategies: ``protocol.predict = true``.
+"""PP-ASGD (Sato et al. 2017), the PREDICTION family: a layer over the parameter-server strategies.
 
-Not a strategy of its own: any PS strategy whose gradients can be stale (async, softsync, SSP,
-PSP) may serve predicted weights f_S(w, M) instead of w (``pserver.optim.prediction``, produced in
-the shard block's ``serve`` hook). This is the family's check of the keys, run before training.
+Selected by ``protocol.predict = true`` beside ``protocol.name``: any PS strategy whose gradients
+can be stale (async, softsync, SSP, PSP) may serve predicted weights f_S(w, M) (eq. (2)) instead
+of w (``pserver.optim.prediction``, produced in the shard block's ``serve`` hook). Its
+descriptor, :data:`PP_ASGD`, holds its family, keys and checks; every PS strategy declares it
+(``Strategy.layers``), and the shard asks ``pserver.strategies.serving`` whether it is on.
 """
 
 from __future__ import annotations
 
 from pserver.errors import ConfigError
 from pserver.optim.prediction import RULES
-from pserver.strategies.base import Config, Param, Strategy
+from pserver.strategies.base import PREDICTION, Config, Layer, Param, Strategy
 
-#: The keys (``Strategy.layered`` of every PS strategy; ``pserver.plan.config.ProtocolConfig``).
+#: The keys, the switch first (``pserver.plan.config.ProtocolConfig`` has the same fields).
 PREDICT = (
     Param("predict", bool, False, help="serve predicted weights f_S(w, M) (PP-ASGD)"),
     Param("predict_steps", int, -1, help="S of f_S; -1: ⌊measured mean staleness⌋"),
@@ -56,3 +58,14 @@ def check_predict(s: Strategy, cfg: Config) -> None:
             f"protocol.predict_steps = {p.predict_steps}: expected S >= 0, or -1 to take S "
             "from the measured staleness"
         )
+
+
+#: The descriptor of the PREDICTION family's one strategy.
+PP_ASGD = Layer(
+    name="pp-asgd",
+    family=PREDICTION,
+    summary="PP-ASGD: pulls get the predicted weights f_S(w, M) (Sato et al. 2017, eq. (2))",
+    params=PREDICT,
+    checks=(check_predict,),
+    serves=True,
+)

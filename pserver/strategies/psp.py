@@ -29,7 +29,7 @@ PSP = Strategy(
         Param("tau1", float, 0.0, ">= 0", help="seconds to accept more after the c-th"),
     ),
     shared=ps.SHARED,
-    layered=ps.LAYERED,
+    layers=ps.LAYERS,
     exchanges=ps.EXCHANGES,
     waits_for_update=True,
     checks=(*ps.CHECKS, ps.check_round_lr_policy),

@@ -31,7 +31,7 @@ SSP = Strategy(
     protocol=protocol,
     params=(Param("s", int, 3, ">= 0", help="clocks a learner may run ahead of the slowest"),),
     shared=ps.SHARED,
-    layered=ps.LAYERED,
+    layers=ps.LAYERS,
     # the shard holds a pull past the bound: an overlapped learner would compute on regardless
     exchanges={"blocking": PS},
     checks=(*ps.CHECKS, check_lr_policy),
