@@ -71,6 +71,7 @@ from benchlib import (
     Launcher,
     add_data_args,
     bench_parser,
+    data_label,
     data_overrides,
     median,
     parse,
@@ -119,8 +120,9 @@ def default_lr(target: int, momentum: float = PAPER_MOMENTUM) -> float:
 
 def deviations(args: argparse.Namespace) -> list[str]:
     """What these runs do otherwise than the paper, each with its reason (printed at start)."""
+    data = data_label(args) if hasattr(args, "data") else "the chosen data"
     out = [
-        "model and data: the quickstart MLP on the 8x8 digits, not the CIFAR-10 CNN "
+        f"model and data: the quickstart MLP on {data}, not the CIFAR-10 CNN "
         "(CCPCPCPFFF) - a 2-core machine; the claim compared is the ordering of the curves",
         f"staleness: λ = S + 1 blocking async learners with emulated compute "
         f"({args.compute_time:g} s per minibatch), not S from GPU threads - one rank a learner",
