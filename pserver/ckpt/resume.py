@@ -149,6 +149,7 @@ def open_resume(run_dir: str, cfg: Config, world_size: int, rank: int, role: str
             f"this job has {world_size}: launch it with mpiexec -n {manifest.world_size}"
         )
     check_compatible(manifest.config, cfg.to_dict())
+    check_epochs(manifest, cfg, run_dir)
     path = rank_file(ckpt, manifest.generation, rank)
     if not path.exists():
         raise CheckpointError(f"--resume {run_dir}: {path} is missing")
@@ -162,6 +163,68 @@ def open_resume(run_dir: str, cfg: Config, world_size: int, rank: int, role: str
             f"it is a {role} now: the rank layout changed"
         )
     return Resume(Path(run_dir), manifest, state)
+
+
+def check_out_dir(run_dir: str, overrides: list[str]) -> None:
+    """``--resume RUN_DIR`` continues the dump in RUN_DIR: a ``run.out_dir`` override would be
+    silently replaced by it, so it is refused (issue 22, D10)."""
+    given = [o for o in overrides if o.split("=", 1)[0].strip() == "run.out_dir"]
+    if given:
+        raise CheckpointError(
+            f"--resume {run_dir}: {given[0]!r}: a resumed run continues in its own directory; "
+            "drop the run.out_dir override (copy the run directory to resume elsewhere)"
+        )
+
+
+def epochs_done(manifest: Manifest) -> int:
+    """The epochs the checkpointed run completed: recorded at the commit
+    (``pserver.ckpt.drivers.end``); for an older checkpoint of a run that ended well, its
+    ``run.epochs``, else 0 (unknown, nothing refused)."""
+    done = manifest.extra.get("epochs_done")
+    if isinstance(done, int) and not isinstance(done, bool) and done >= 0:
+        return done
+    if manifest.extra.get("stopped") or manifest.extra.get("periodic"):
+        return 0
+    epochs = manifest.config.get("run", {}).get("epochs", 0)
+    return epochs if isinstance(epochs, int) else 0
+
+
+def check_epochs(manifest: Manifest, cfg: Config, run_dir: str) -> None:
+    """Refuse ``run.epochs`` at or below the epochs already done: that part would train
+    nothing and only rewrite the checkpoint (issue 22, D10)."""
+    done = epochs_done(manifest)
+    if cfg.run.epochs <= done:
+        raise CheckpointError(
+            f"--resume {run_dir}: run.epochs = {cfg.run.epochs}, but the checkpointed run has "
+            f"done {done} epochs; set run.epochs above {done} to train on"
+        )
+
+
+def data_fingerprint(X: Any, y: Any) -> str:
+    """SHA-256 of the training set (shapes, dtypes and bytes of features and labels): a
+    resumed run must train on the very data its checkpoint's sampler indexes."""
+    import hashlib
+
+    import numpy as np
+
+    h = hashlib.sha256()
+    for a in (X, y):
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
+
+
+def check_data(state: State, X: Any, y: Any, where: str) -> None:
+    """The data server's saved fingerprint (absent in older checkpoints) against this run's."""
+    saved = state.attrs.get("data_sha256")
+    if saved is None:
+        return
+    if saved != data_fingerprint(X, y):
+        raise CheckpointError(
+            f"{where}: the training data differ from those the checkpoint was written with "
+            "(SHA-256 of the training arrays): resume with the same data.* and data file"
+        )
 
 
 def expect(state: State, name: str, shape: tuple[int, ...], dtype: Any, where: str) -> Any:
@@ -207,6 +270,7 @@ def check_state(ctx: Any) -> None:
                 f"{where}: the data stream was of {sampler.get('n')} samples in batches of "
                 f"{sampler.get('batch_size')}, this run has {n} in batches of {batch}"
             )
+        check_data(state, ctx.dataset.X_train, ctx.dataset.y_train, where)
         replay = state.arrays.get("replay")
         if replay is None or replay.ndim != 2 or replay.shape[1] != batch:
             raise CheckpointError(f"{where}: the replayed minibatches are missing or malformed")

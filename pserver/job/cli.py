@@ -67,6 +67,7 @@ def parse_args(argv: list[str] | None, rank: int = 0) -> argparse.Namespace:
     )
     p.add_argument("--version", action="version", version=f"pserver {__version__}")
     args = p.parse_intermixed_args(argv)  # CONFIG --resume DIR key=value: any order
+    args.given = list(args.overrides)  # before --resume adds its own (check_out_dir)
     if args.resume is not None:  # the dump continues in place, next to the checkpoint
         args.overrides = [*args.overrides, f"run.out_dir={json.dumps(args.resume)}",
                           "run.overwrite=true"]
@@ -95,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     log = setup_logging(rank, "starting")
     ctx, error, comm = None, None, CommConfig()
     try:
+        if args.resume is not None:
+            from pserver.ckpt.resume import check_out_dir
+
+            check_out_dir(args.resume, args.given)
         cfg = load_config(args.config, args.overrides)
         comm = cfg.comm
         log = setup_logging(rank, "starting", cfg.run.log_level)
