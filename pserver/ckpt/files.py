@@ -107,6 +107,49 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def attr(
+    attrs: Mapping[str, Any],
+    name: str,
+    kind: type | tuple[type, ...],
+    where: str,
+    low: float | None = None,
+    high: float | None = None,
+) -> Any:
+    """``attrs[name]``, refused unless it is a ``kind`` within ``[low, high]``.
+
+    A rank file's JSON attributes are untrusted input (issue 22, D4): a restore that took
+    ``int("x")``, ``0`` rows or a negative step count would crash after start-up or silently
+    cut the dump, so every attribute a role reads back is checked here first. ``bool`` is not
+    an ``int`` here; an ``int`` is a ``float``.
+    """
+    if name not in attrs:
+        raise CheckpointError(f"{where}: the checkpoint lacks the attribute {name!r}")
+    value = attrs[name]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if float in kinds:
+        kinds = (*kinds, int)
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        wanted = " or ".join(k.__name__ for k in kinds)
+        raise CheckpointError(
+            f"{where}: the checkpoint's {name!r} is {value!r}, expected {wanted}"
+        )
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"[{low if low is not None else '-inf'}, {high if high is not None else 'inf'}]"
+        raise CheckpointError(
+            f"{where}: the checkpoint's {name!r} is {value!r}, expected a value in {bounds}"
+        )
+    return value
+
+
+def counts(attrs: Mapping[str, Any], name: str, where: str, low: int = 0) -> Any:
+    """``attrs[name]``, a mapping or list of integers >= ``low`` (row counts, clocks, epochs)."""
+    value = attr(attrs, name, (dict, list), where)
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, _ in items:
+        attr({f"{name}[{key}]": value[key]}, f"{name}[{key}]", int, where, low)
+    return value
+
+
 def _checksum(a: np.ndarray) -> int:
     return zlib.crc32(np.ascontiguousarray(a).view(np.uint8).reshape(-1).data)
 

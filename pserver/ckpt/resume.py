@@ -37,7 +37,9 @@ from pserver.ckpt.files import (
     CheckpointError,
     Manifest,
     State,
+    attr,
     check_compatible,
+    counts,
     latest,
     rank_file,
 )
@@ -240,6 +242,50 @@ def expect(state: State, name: str, shape: tuple[int, ...], dtype: Any, where: s
     return a
 
 
+def check_attrs(ctx: Any, state: State, where: str) -> None:
+    """The JSON attributes each role's ``restore()`` reads back, checked for type and range
+    before training (issue 22, D4): a restore runs after the start-up agreement, where a bad
+    value would crash one rank or, like ``dump_rows`` = 0, silently cut the dump."""
+    from pserver.plan.topology import Role
+
+    a, role = state.attrs, ctx.role
+    if role is Role.STATS:  # pserver.roles.statserver.StatsServer.restore
+        counts(a, "dump_rows", where)
+        counts(a, "tested", where)
+        counts(a, "skipped", where)
+        sigma = attr(a, "sigma", list, where)
+        if len(sigma) != 3:
+            raise CheckpointError(f"{where}: the checkpoint's 'sigma' is {sigma!r}, expected 3")
+        for i, v in enumerate(sigma):
+            attr({f"sigma[{i}]": v}, f"sigma[{i}]", float, where, 0)
+        attr(a, "elapsed", float, where, 0)
+    elif role is Role.SERVER:  # pserver.ckpt.records.shard.restore_block
+        for b in ctx.blocks_of(ctx.layout.index(ctx.rank)):
+            block = attr(attr(a, "blocks", dict, where), str(b.index), dict, where)
+            for name in ("ts", "applied", "dropped", "next_epoch"):
+                attr(block, name, int, f"{where} block {b.index}", 0)
+    elif role is Role.DATA:  # learners.data.BatchSampler.restore, pserver.ckpt.drivers.draws
+        sampler = attr(a, "sampler", dict, where)
+        for name in ("n", "batch_size"):
+            attr(sampler, name, int, where, 1)
+        attr(sampler, "pos", int, where, 0, sampler["n"])
+        attr(sampler, "served", int, where, 0)
+        attr(sampler, "rng", dict, where)
+        if "lockstep_steps" in a:
+            attr(a, "lockstep_steps", int, where, 0)
+    elif role is Role.LEARNER:  # pserver.roles.trainer.Trainer.restore and its exchange's
+        if "steps" in a:
+            attr(a, "steps", int, where, 0)
+        ex = attr(a, "exchange", dict, where) if "exchange" in a else {}
+        for name in ("version", "next_epoch", "k", "exchanged"):
+            if name in ex:  # lockstep (version, next_epoch), gossip (k, exchanged, next_epoch)
+                attr(ex, name, int, where, 0)
+        if "clock" in ex:
+            counts(ex, "clock", where)
+    elif role is Role.AGGREGATOR and "children" in a:  # compared with this run's in check_state
+        counts(a, "children", where)
+
+
 def check_state(ctx: Any) -> None:
     """Refuse, before training, a rank state that does not fit this run's model and data."""
     import numpy as np
@@ -249,6 +295,7 @@ def check_state(ctx: Any) -> None:
 
     state, where = ctx.resume.state, f"--resume {ctx.resume.run_dir} (rank {ctx.rank})"
     role = ctx.role
+    check_attrs(ctx, state, where)
     if role is Role.SERVER:
         dtype = np.dtype(ctx.model.dtype)
         names = make_updater(ctx.cfg.optim, 1, np, dtype).state_arrays()
