@@ -249,7 +249,7 @@ def read_state(path: str | Path, expected_sha256: str | None = None) -> State:
             arrays = {name: _stored_array(f, name, path) for name in f}
     except CheckpointError:
         raise
-    except (OSError, KeyError, ValueError, TypeError, RuntimeError) as e:
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError, MemoryError) as e:
         raise CheckpointError(f"checkpoint {path} cannot be read: {e}") from None
     return State(arrays, attrs)
 
@@ -266,6 +266,13 @@ def _stored_array(f: Any, name: str, path: str | Path) -> np.ndarray:
         raise CheckpointError(f"checkpoint {path}: {name!r} {what}: refused")
     if d.dtype.kind not in "biufc":
         raise CheckpointError(f"checkpoint {path}: {name!r} holds {d.dtype}, not numbers")
+    if d.id.get_storage_size() != d.nbytes:  # before allocating: a 2**40-element dataset of
+        # unwritten chunks costs a few bytes of file and 4 TiB of memory; write_state stores
+        # every array whole and uncompressed
+        raise CheckpointError(
+            f"checkpoint {path}: {name!r} declares {d.dtype}{list(d.shape)} ({d.nbytes} bytes) "
+            f"but stores {d.id.get_storage_size()} bytes: refused"
+        )
     a = np.asarray(d[()])
     if _checksum(a) != int(d.attrs["crc32"]):
         raise CheckpointError(f"checkpoint {path}: array {name!r} is corrupt (checksum mismatch)")
