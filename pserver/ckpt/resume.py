@@ -167,15 +167,18 @@ def open_resume(run_dir: str, cfg: Config, world_size: int, rank: int, role: str
     return Resume(Path(run_dir), manifest, state)
 
 
-def check_out_dir(run_dir: str, overrides: list[str]) -> None:
-    """``--resume RUN_DIR`` continues the dump in RUN_DIR: a ``run.out_dir`` override would be
-    silently replaced by it, so it is refused (issue 22, D10)."""
-    given = [o for o in overrides if o.split("=", 1)[0].strip() == "run.out_dir"]
-    if given:
-        raise CheckpointError(
-            f"--resume {run_dir}: {given[0]!r}: a resumed run continues in its own directory; "
-            "drop the run.out_dir override (copy the run directory to resume elsewhere)"
-        )
+def check_out_dir(run_dir: str, out_dirs: list[str]) -> None:
+    """``--resume RUN_DIR`` continues the dump in RUN_DIR: a ``run.out_dir`` override naming
+    another directory (``out_dirs``: the overrides' values, expanded) would be silently
+    replaced by it, so it is refused (issue 22, D10); one naming RUN_DIR itself is what
+    ``--resume`` sets anyway (``scripts/pserver.slurm`` passes it)."""
+    for out in out_dirs:
+        if Path(out).resolve() != Path(run_dir).resolve():
+            raise CheckpointError(
+                f"--resume {run_dir}: run.out_dir = {out!r}: a resumed run continues in its "
+                "own directory; drop the run.out_dir override (copy the run directory to "
+                "resume elsewhere)"
+            )
 
 
 def epochs_done(manifest: Manifest) -> int:
