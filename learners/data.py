@@ -322,7 +322,7 @@ def _hdf5_labels(path: str, n: int) -> np.ndarray:
     try:
         with h5py.File(p, "r") as fh:
             y = np.asarray(_stored_dataset(p, fh, "y")[()])
-    except (OSError, RuntimeError, ValueError, KeyError) as e:
+    except (OSError, RuntimeError, ValueError, KeyError, MemoryError) as e:
         raise DataError(f"data file {str(p)!r} cannot be read: {e}") from None
     return _check_y(p, y, n)
 
@@ -349,7 +349,7 @@ def read_hdf5(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         with h5py.File(p, "r") as f:
             X, y = (np.asarray(_stored_dataset(p, f, key)[()]) for key in ("X", "y"))
-    except (OSError, RuntimeError, ValueError, KeyError) as e:
+    except (OSError, RuntimeError, ValueError, KeyError, MemoryError) as e:
         raise DataError(f"data file {str(p)!r} cannot be read: {e}") from None
     return _check_X(p, X), _check_y(p, y, len(X))
 
@@ -364,9 +364,10 @@ def hdf5_shape(path: str | Path) -> tuple[int, int, int]:
             shape, itemsize, labels = X.shape, X.dtype.itemsize, y.shape
     except (OSError, RuntimeError, ValueError, KeyError) as e:
         raise DataError(f"data file {str(p)!r} cannot be read: {e}") from None
-    if len(shape) < 2:
+    if len(shape) < 2 or shape[0] == 0 or math.prod(shape[1:]) == 0:  # an empty X too
         raise DataError(f"data file {str(p)!r}: X has shape {shape}, expected N x F with N, F >= 1")
-    if not labels or labels[0] != shape[0]:
+    if not labels or labels[0] != shape[0] or math.prod(labels) != shape[0]:
+        # one label per sample, checked before y is read: y of N x 2**30 would be allocated
         raise DataError(
             f"data file {str(p)!r}: X has {shape[0]} samples but y has shape {labels} "
             "(length mismatch)"

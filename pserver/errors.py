@@ -56,3 +56,25 @@ def diverged(
         f"the training loss became {loss} at step {step} ({what}; weights of {held}{more}): "
         f"the run diverged; try a smaller optim.lr (now {lr:g})"
     )
+
+
+def nonfinite_gradient(
+    learner: int,
+    step: int,
+    minibatch: int,
+    bad: int,
+    size: int,
+    first: int,
+    bad_weights: int,
+    lr: float,
+) -> Diverged:
+    """The error a learner raises when the gradient it computed holds NaN or infinite values,
+    before it is pushed, averaged or applied: the learner, step and minibatch that made it are
+    named here, not one step later by whichever learner then computes on poisoned weights."""
+    weights = f"{bad_weights} of its weights were" if bad_weights else "its weights were all"
+    return Diverged(
+        f"learner {learner}: its gradient at step {step} (minibatch #{minibatch} it received) "
+        f"has {bad} NaN or infinite values of {size} (first at parameter {first}; "
+        f"{weights} NaN or infinite); it was not pushed, averaged or applied: the run "
+        f"diverged; check the data, or try a smaller optim.lr (now {lr:g})"
+    )

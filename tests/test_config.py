@@ -149,3 +149,9 @@ def test_configs_nested_thousands_deep_get_one_line(tmp_path, text):
 def test_override_nested_thousands_deep():
     with pytest.raises(ConfigError, match="thousands of levels deep"):
         load_config(None, ["model.hidden=" + "[" * 5000 + "]" * 5000])
+
+
+def test_a_control_character_in_run_name_is_refused() -> None:
+    """It names a directory of run.out_dir: "a\\nb" made one with a newline (issue 22, D10)."""
+    with pytest.raises(ConfigError, match=r"run.name = 'a\\nb': expected no control character"):
+        load_config(None, ['run.name="a\\nb"'])

@@ -17,13 +17,14 @@ watchdog of ``stop_with_sigterm``).
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import h5py
 import numpy as np
 import pytest
 
-from pserver.ckpt.files import latest, rank_file, read_state
+from pserver.ckpt.files import MANIFEST, latest, rank_file, read_state
 from pserver.dump.check import check_dump
 from pserver.dump.reader import load_dump
 from pserver.plan.config import load_config
@@ -56,7 +57,11 @@ def once(dump, epochs: int) -> None:
 
 def test_the_learners_state_goes_through_a_resume_bit_for_bit(tmp_path):
     """λ = 2, 2 epochs; resumed with the same ``run.epochs`` (nothing left to compute), the
-    learners write their restored state again: every array and attribute as saved."""
+    learners write their restored state again: every array and attribute as saved.
+
+    Issue 22 (D10) refuses such a resume in a job (``pserver.ckpt.resume.check_epochs``: it
+    would train nothing): that refusal is asserted, then ``LATEST``'s record of the epochs
+    done is set to 0 so that the restore path, this test's subject, runs as before."""
     a, n = tmp_path / "a", 4
     first = job(a, *ADPSGD, "run.epochs=2", n=n)
     assert first.returncode == 0, first.output
@@ -67,6 +72,11 @@ def test_the_learners_state_goes_through_a_resume_bit_for_bit(tmp_path):
         assert s.attrs["exchange"]["next_epoch"] == 3 and s.attrs["steps"] > 0
     keep = tmp_path / "g1"
     shutil.copytree(a / "checkpoint", keep)
+    refused = job(a, *ADPSGD, "run.epochs=2", n=n, resume=True)
+    assert refused.returncode == 2 and "has done 2 epochs" in refused.output, refused.output
+    body = json.loads((a / "checkpoint" / MANIFEST).read_text())
+    body["extra"]["epochs_done"] = 0  # unknown: the restore path below is the test's subject
+    (a / "checkpoint" / MANIFEST).write_text(json.dumps(body))
     again = job(a, *ADPSGD, "run.epochs=2", n=n, resume=True)
     assert again.returncode == 0, again.output
     assert latest(a / "checkpoint").generation == 2

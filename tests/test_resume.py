@@ -194,3 +194,17 @@ def test_a_psp_round_below_c_closes_once_the_others_said_goodbye():
     assert p.on_gradient(Arrival(3, 5, 0.0), 5).accept
     assert p.ready(0.0)
     assert p.commit(5).divisor == 1
+
+
+def test_a_run_out_dir_override_is_refused_on_resume_unless_it_names_the_run_dir(tmp_path):
+    """Issue 22, D10: another directory was silently replaced by the resumed one."""
+    from pserver.ckpt.files import CheckpointError
+    from pserver.ckpt.resume import check_out_dir
+    from pserver.job.cli import out_dir_overrides
+
+    run = tmp_path / "runs" / "q" / "7"
+    same = out_dir_overrides([f"run.out_dir='{tmp_path}/runs/{{name}}/{{id}}'"], "q", "7")
+    check_out_dir(str(run), same)  # what pserver.slurm passes beside --resume
+    other = out_dir_overrides([f"run.out_dir={tmp_path / 'other'}", "run.epochs=3"], "q", "7")
+    with pytest.raises(CheckpointError, match="drop the run.out_dir override"):
+        check_out_dir(str(run), other)

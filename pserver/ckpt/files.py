@@ -107,6 +107,49 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def attr(
+    attrs: Mapping[str, Any],
+    name: str,
+    kind: type | tuple[type, ...],
+    where: str,
+    low: float | None = None,
+    high: float | None = None,
+) -> Any:
+    """``attrs[name]``, refused unless it is a ``kind`` within ``[low, high]``.
+
+    A rank file's JSON attributes are untrusted input (issue 22, D4): a restore that took
+    ``int("x")``, ``0`` rows or a negative step count would crash after start-up or silently
+    cut the dump, so every attribute a role reads back is checked here first. ``bool`` is not
+    an ``int`` here; an ``int`` is a ``float``.
+    """
+    if name not in attrs:
+        raise CheckpointError(f"{where}: the checkpoint lacks the attribute {name!r}")
+    value = attrs[name]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if float in kinds:
+        kinds = (*kinds, int)
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        wanted = " or ".join(k.__name__ for k in kinds)
+        raise CheckpointError(
+            f"{where}: the checkpoint's {name!r} is {value!r}, expected {wanted}"
+        )
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"[{low if low is not None else '-inf'}, {high if high is not None else 'inf'}]"
+        raise CheckpointError(
+            f"{where}: the checkpoint's {name!r} is {value!r}, expected a value in {bounds}"
+        )
+    return value
+
+
+def counts(attrs: Mapping[str, Any], name: str, where: str, low: int = 0) -> Any:
+    """``attrs[name]``, a mapping or list of integers >= ``low`` (row counts, clocks, epochs)."""
+    value = attr(attrs, name, (dict, list), where)
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, _ in items:
+        attr({f"{name}[{key}]": value[key]}, f"{name}[{key}]", int, where, low)
+    return value
+
+
 def _checksum(a: np.ndarray) -> int:
     return zlib.crc32(np.ascontiguousarray(a).view(np.uint8).reshape(-1).data)
 
@@ -206,7 +249,7 @@ def read_state(path: str | Path, expected_sha256: str | None = None) -> State:
             arrays = {name: _stored_array(f, name, path) for name in f}
     except CheckpointError:
         raise
-    except (OSError, KeyError, ValueError, TypeError, RuntimeError) as e:
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError, MemoryError) as e:
         raise CheckpointError(f"checkpoint {path} cannot be read: {e}") from None
     return State(arrays, attrs)
 
@@ -223,6 +266,13 @@ def _stored_array(f: Any, name: str, path: str | Path) -> np.ndarray:
         raise CheckpointError(f"checkpoint {path}: {name!r} {what}: refused")
     if d.dtype.kind not in "biufc":
         raise CheckpointError(f"checkpoint {path}: {name!r} holds {d.dtype}, not numbers")
+    if d.id.get_storage_size() != d.nbytes:  # before allocating: a 2**40-element dataset of
+        # unwritten chunks costs a few bytes of file and 4 TiB of memory; write_state stores
+        # every array whole and uncompressed
+        raise CheckpointError(
+            f"checkpoint {path}: {name!r} declares {d.dtype}{list(d.shape)} ({d.nbytes} bytes) "
+            f"but stores {d.id.get_storage_size()} bytes: refused"
+        )
     a = np.asarray(d[()])
     if _checksum(a) != int(d.attrs["crc32"]):
         raise CheckpointError(f"checkpoint {path}: array {name!r} is corrupt (checksum mismatch)")

@@ -37,7 +37,9 @@ from pserver.ckpt.files import (
     CheckpointError,
     Manifest,
     State,
+    attr,
     check_compatible,
+    counts,
     latest,
     rank_file,
 )
@@ -150,6 +152,7 @@ def open_resume(run_dir: str, cfg: Config, world_size: int, rank: int, role: str
             f"this job has {world_size}: launch it with mpiexec -n {manifest.world_size}"
         )
     check_compatible(manifest.config, cfg.to_dict())
+    check_epochs(manifest, cfg, run_dir)
     path = rank_file(ckpt, manifest.generation, rank)
     if not path.exists():
         raise CheckpointError(f"--resume {run_dir}: {path} is missing")
@@ -165,6 +168,71 @@ def open_resume(run_dir: str, cfg: Config, world_size: int, rank: int, role: str
     return Resume(Path(run_dir), manifest, state)
 
 
+def check_out_dir(run_dir: str, out_dirs: list[str]) -> None:
+    """``--resume RUN_DIR`` continues the dump in RUN_DIR: a ``run.out_dir`` override naming
+    another directory (``out_dirs``: the overrides' values, expanded) would be silently
+    replaced by it, so it is refused (issue 22, D10); one naming RUN_DIR itself is what
+    ``--resume`` sets anyway (``scripts/pserver.slurm`` passes it)."""
+    for out in out_dirs:
+        if Path(out).resolve() != Path(run_dir).resolve():
+            raise CheckpointError(
+                f"--resume {run_dir}: run.out_dir = {out!r}: a resumed run continues in its "
+                "own directory; drop the run.out_dir override (copy the run directory to "
+                "resume elsewhere)"
+            )
+
+
+def epochs_done(manifest: Manifest) -> int:
+    """The epochs the checkpointed run completed: recorded at the commit
+    (``pserver.ckpt.drivers.end``); for an older checkpoint of a run that ended well, its
+    ``run.epochs``, else 0 (unknown, nothing refused)."""
+    done = manifest.extra.get("epochs_done")
+    if isinstance(done, int) and not isinstance(done, bool) and done >= 0:
+        return done
+    if manifest.extra.get("stopped") or manifest.extra.get("periodic"):
+        return 0
+    epochs = manifest.config.get("run", {}).get("epochs", 0)
+    return epochs if isinstance(epochs, int) else 0
+
+
+def check_epochs(manifest: Manifest, cfg: Config, run_dir: str) -> None:
+    """Refuse ``run.epochs`` at or below the epochs already done: that part would train
+    nothing and only rewrite the checkpoint (issue 22, D10)."""
+    done = epochs_done(manifest)
+    if cfg.run.epochs <= done:
+        raise CheckpointError(
+            f"--resume {run_dir}: run.epochs = {cfg.run.epochs}, but the checkpointed run has "
+            f"done {done} epochs; set run.epochs above {done} to train on"
+        )
+
+
+def data_fingerprint(X: Any, y: Any) -> str:
+    """SHA-256 of the training set (shapes, dtypes and bytes of features and labels): a
+    resumed run must train on the very data its checkpoint's sampler indexes."""
+    import hashlib
+
+    import numpy as np
+
+    h = hashlib.sha256()
+    for a in (X, y):
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
+
+
+def check_data(state: State, X: Any, y: Any, where: str) -> None:
+    """The data server's saved fingerprint (absent in older checkpoints) against this run's."""
+    saved = state.attrs.get("data_sha256")
+    if saved is None:
+        return
+    if saved != data_fingerprint(X, y):
+        raise CheckpointError(
+            f"{where}: the training data differ from those the checkpoint was written with "
+            "(SHA-256 of the training arrays): resume with the same data.* and data file"
+        )
+
+
 def expect(state: State, name: str, shape: tuple[int, ...], dtype: Any, where: str) -> Any:
     """The array ``name`` of ``state``, refused unless it has ``shape`` and ``dtype``."""
     a = state.arrays.get(name)
@@ -178,6 +246,50 @@ def expect(state: State, name: str, shape: tuple[int, ...], dtype: Any, where: s
     return a
 
 
+def check_attrs(ctx: Any, state: State, where: str) -> None:
+    """The JSON attributes each role's ``restore()`` reads back, checked for type and range
+    before training (issue 22, D4): a restore runs after the start-up agreement, where a bad
+    value would crash one rank or, like ``dump_rows`` = 0, silently cut the dump."""
+    from pserver.plan.topology import Role
+
+    a, role = state.attrs, ctx.role
+    if role is Role.STATS:  # pserver.roles.statserver.StatsServer.restore
+        counts(a, "dump_rows", where)
+        counts(a, "tested", where)
+        counts(a, "skipped", where)
+        sigma = attr(a, "sigma", list, where)
+        if len(sigma) != 3:
+            raise CheckpointError(f"{where}: the checkpoint's 'sigma' is {sigma!r}, expected 3")
+        for i, v in enumerate(sigma):
+            attr({f"sigma[{i}]": v}, f"sigma[{i}]", float, where, 0)
+        attr(a, "elapsed", float, where, 0)
+    elif role is Role.SERVER:  # pserver.ckpt.records.shard.restore_block
+        for b in ctx.blocks_of(ctx.layout.index(ctx.rank)):
+            block = attr(attr(a, "blocks", dict, where), str(b.index), dict, where)
+            for name in ("ts", "applied", "dropped", "next_epoch"):
+                attr(block, name, int, f"{where} block {b.index}", 0)
+    elif role is Role.DATA:  # learners.data.BatchSampler.restore, pserver.ckpt.drivers.draws
+        sampler = attr(a, "sampler", dict, where)
+        for name in ("n", "batch_size"):
+            attr(sampler, name, int, where, 1)
+        attr(sampler, "pos", int, where, 0, sampler["n"])
+        attr(sampler, "served", int, where, 0)
+        attr(sampler, "rng", dict, where)
+        if "lockstep_steps" in a:
+            attr(a, "lockstep_steps", int, where, 0)
+    elif role is Role.LEARNER:  # pserver.roles.trainer.Trainer.restore and its exchange's
+        if "steps" in a:
+            attr(a, "steps", int, where, 0)
+        ex = attr(a, "exchange", dict, where) if "exchange" in a else {}
+        for name in ("version", "next_epoch", "k", "exchanged"):
+            if name in ex:  # lockstep (version, next_epoch), gossip (k, exchanged, next_epoch)
+                attr(ex, name, int, where, 0)
+        if "clock" in ex:
+            counts(ex, "clock", where)
+    elif role is Role.AGGREGATOR and "children" in a:  # compared with this run's in check_state
+        counts(a, "children", where)
+
+
 def check_state(ctx: Any) -> None:
     """Refuse, before training, a rank state that does not fit this run's model and data."""
     import numpy as np
@@ -187,6 +299,7 @@ def check_state(ctx: Any) -> None:
 
     state, where = ctx.resume.state, f"--resume {ctx.resume.run_dir} (rank {ctx.rank})"
     role = ctx.role
+    check_attrs(ctx, state, where)
     if role is Role.SERVER:
         dtype = np.dtype(ctx.model.dtype)
         names = make_updater(ctx.cfg.optim, 1, np, dtype).state_arrays()
@@ -208,6 +321,7 @@ def check_state(ctx: Any) -> None:
                 f"{where}: the data stream was of {sampler.get('n')} samples in batches of "
                 f"{sampler.get('batch_size')}, this run has {n} in batches of {batch}"
             )
+        check_data(state, ctx.dataset.X_train, ctx.dataset.y_train, where)
         replay = state.arrays.get("replay")
         if replay is None or replay.ndim != 2 or replay.shape[1] != batch:
             raise CheckpointError(f"{where}: the replayed minibatches are missing or malformed")

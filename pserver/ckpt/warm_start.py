@@ -65,6 +65,25 @@ def load_initial_weights(
                           f"with a {DUMP}, or a dump file)")  # fmt: skip
     if not h5py.is_hdf5(path):
         raise ConfigError(f"{where}: {str(path)!r} is not an HDF5 dump")
+    try:
+        w = _read_weights(path, where, model, n_params)
+    except ConfigError:
+        raise
+    except (OSError, RuntimeError, ValueError, KeyError, TypeError, MemoryError) as e:
+        # a truncated or bit-flipped file: HDF5 fails anywhere from the open to the read
+        raise ConfigError(
+            f"{where}: {str(path)!r} cannot be read (truncated or corrupt?): {e}"
+        ) from None
+    if not np.all(np.isfinite(w)):
+        raise ConfigError(f"{where}: its final model has NaN or infinite values")
+    return np.ascontiguousarray(w, dtype=dtype)
+
+
+def _read_weights(path: Path, where: str, model: dict[str, Any], n_params: int) -> np.ndarray:
+    """The final model of the dump at ``path``, its architecture, shape and dtype checked
+    before anything is allocated."""
+    import h5py
+
     with h5py.File(path, "r") as f:
         wrong = architecture_mismatch(_source_model(f, where), model)
         if wrong:
@@ -75,10 +94,7 @@ def load_initial_weights(
                 f"{where}: its final model is {ds.dtype}{list(ds.shape)}, this run's has "
                 f"{n_params} parameters (another dataset, or other classes?)"
             )
-        w = np.asarray(ds[()])
-    if not np.all(np.isfinite(w)):
-        raise ConfigError(f"{where}: its final model has NaN or infinite values")
-    return np.ascontiguousarray(w, dtype=dtype)
+        return np.asarray(ds[()])
 
 
 def _final_model(f: Any, where: str, path: Path) -> Any:

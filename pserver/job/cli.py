@@ -67,10 +67,21 @@ def parse_args(argv: list[str] | None, rank: int = 0) -> argparse.Namespace:
     )
     p.add_argument("--version", action="version", version=f"pserver {__version__}")
     args = p.parse_intermixed_args(argv)  # CONFIG --resume DIR key=value: any order
+    args.given = list(args.overrides)  # before --resume adds its own (check_out_dir)
     if args.resume is not None:  # the dump continues in place, next to the checkpoint
         args.overrides = [*args.overrides, f"run.out_dir={json.dumps(args.resume)}",
                           "run.overwrite=true"]
     return args
+
+
+def out_dir_overrides(overrides: list[str], name: str, rid: str) -> list[str]:
+    """The directories the user's ``run.out_dir=`` overrides name, expanded as the run's
+    would be (``pserver.runtime.rundir``)."""
+    from pserver.plan.config import parse_override
+    from pserver.runtime.rundir import expand
+
+    values = [parse_override(o) for o in overrides]
+    return [expand(str(v), name, rid)[0] for k, v in values if k == "run.out_dir"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     ctx, error, comm = None, None, CommConfig()
     try:
         cfg = load_config(args.config, args.overrides)
+        if args.resume is not None:
+            from pserver.ckpt.resume import check_out_dir
+
+            check_out_dir(args.resume, out_dir_overrides(args.given, cfg.run.name, rid))
         comm = cfg.comm
         log = setup_logging(rank, "starting", cfg.run.log_level)
         if rank == 0 and unread(cfg):  # once per run: a comparison's file, not a mistake

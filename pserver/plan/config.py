@@ -403,6 +403,11 @@ def validate(cfg: Config) -> Config:
     for key in NON_NEGATIVE:
         if not get(cfg, key) >= 0:
             raise ConfigError(f"{key} = {get(cfg, key)!r}: expected a value >= 0")
+    if any(ord(c) < 32 or ord(c) == 127 for c in cfg.run.name):
+        # it names a directory (runs/{name}/...), the dump's attributes and log lines
+        raise ConfigError(
+            f"run.name = {cfg.run.name!r}: expected no control character (newline, tab, ...)"
+        )
     strategy = strategies.lookup(cfg.protocol.name)
     set_aside_shard_keys(strategy, cfg)
     default_servers(strategy, cfg)

@@ -58,6 +58,7 @@ class DataServer:
         self.ybuf = np.empty(batch, dtype=np.int64)
         self.live = set(ctx.layout.learners)
         self.served = 0
+        self.fingerprint: str | None = None  # SHA-256 of X, y: computed at the first checkpoint
         self.epochs = EpochCounter.from_config(ctx.cfg, ctx.train_size)
         self.quota = quota(ctx)
         lockstep = self.quota is not None and self.quota.kind == LOCKSTEP
@@ -129,6 +130,17 @@ class DataServer:
         return [idx for _, idx in sorted(left, key=lambda e: e[0])] + list(self.replay)
 
     def state(self) -> State:
+        """The sampler and the draws to replay, with the training data's fingerprint, checked
+        on resume (``pserver.ckpt.resume.check_data``)."""
+        state = self.stream_state()
+        if self.fingerprint is None:  # once per run: the data do not change during it
+            from pserver.ckpt.resume import data_fingerprint
+
+            self.fingerprint = data_fingerprint(self.X, self.y)
+        state.attrs["data_sha256"] = self.fingerprint
+        return state
+
+    def stream_state(self) -> State:
         if self.draws is not None:  # SYNC, HYBRID: the draws no learner computed on
             from pserver.ckpt.drivers.draws import draws_state
 

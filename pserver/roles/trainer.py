@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from pserver.comm.waiting import Waiter
 from pserver.comm.wire import Header, Tag, header_buffer
-from pserver.errors import diverged
+from pserver.errors import diverged, nonfinite_gradient
 from pserver.plan.config import inject_plan
 
 
@@ -203,6 +203,7 @@ class Trainer:
         if not math.isfinite(self.loss):  # NaN or inf weights (or lr too large): stop now
             bad = int((~self.xp.isfinite(w)).sum())
             raise diverged(self.loss, self.steps, self.ex.have, bad, self.cfg.optim.lr)
+        self.check_gradient(w, grad)  # a finite loss can still come with an infinite gradient
         self.ctx.backend.synchronize()
         # emulated accelerator work (the CPU idles), growing with the minibatch's samples
         extra = self.inject.compute_time_for(self.index, len(y))
@@ -210,6 +211,23 @@ class Trainer:
             extra += (self.cfg.inject.learner_factor - 1.0) * (time.perf_counter() - started)
         if extra > 0.0:
             time.sleep(extra)
+
+    def check_gradient(self, w: Any, grad: Any) -> None:
+        """Refuse a gradient with a NaN or infinite value before the exchange sees it. One
+        float64 sum is the test: any NaN or Inf makes it non-finite, and float64 cannot
+        overflow on a sum of finite float32 or float16 values."""
+        if math.isfinite(float(grad.sum(dtype=self.xp.float64))):
+            return
+        bad = ~self.xp.isfinite(grad)
+        n_bad = int(bad.sum())
+        if n_bad == 0:  # float64 gradients summing past 1e308: finite, only huge
+            return
+        first = int(self.xp.argmax(bad))
+        bad_w = int((~self.xp.isfinite(w)).sum())
+        raise nonfinite_gradient(
+            self.index, self.steps, self.consumed, n_bad, int(grad.size), first, bad_w,
+            self.cfg.optim.lr,
+        )
 
     def freeze(self) -> None:
         """``inject.freeze_*``: stop without calling MPI, weights of our pull on their way."""

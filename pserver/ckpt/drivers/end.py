@@ -114,6 +114,7 @@ def end_checkpoint(ctx: Any, world: Any, driver: Any, gen: int | None = None) ->
                 "elapsed": state.attrs["elapsed"],
                 "stopped": code == STOPPED,
                 "periodic": code == CONTINUE,
+                "epochs_done": epochs_done(ctx.cfg.run.epochs, code, state.attrs),
             }
             commit(root, gen, ctx.layout.world_size, ctx.cfg.to_dict(), extra)
         except CheckpointError as e:
@@ -124,6 +125,16 @@ def end_checkpoint(ctx: Any, world: Any, driver: Any, gen: int | None = None) ->
             return NOT_WRITTEN
         log_cost(ctx, root, gen, time.perf_counter() - started, code)
     return code
+
+
+def epochs_done(epochs: int, code: int, stats: dict) -> int:
+    """The epochs a committed generation has done (``--resume`` refuses ``run.epochs`` at or
+    below it): all of them for a run that ended well, else the last epoch tested or skipped
+    by the statistics server (a lower bound with ``stats.test_every`` > 1: never refuses a
+    part that would train)."""
+    if code == 0:
+        return int(epochs)
+    return max([0, *stats.get("tested", []), *stats.get("skipped", [])])
 
 
 def log_cost(ctx: Any, root: Any, gen: int, seconds: float, code: int) -> None:
