@@ -322,7 +322,7 @@ def _hdf5_labels(path: str, n: int) -> np.ndarray:
     try:
         with h5py.File(p, "r") as fh:
             y = np.asarray(_stored_dataset(p, fh, "y")[()])
-    except (OSError, RuntimeError, ValueError, KeyError, MemoryError) as e:
+    except (OSError, RuntimeError, ValueError, KeyError) as e:
         raise DataError(f"data file {str(p)!r} cannot be read: {e}") from None
     return _check_y(p, y, n)
 
@@ -349,7 +349,7 @@ def read_hdf5(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         with h5py.File(p, "r") as f:
             X, y = (np.asarray(_stored_dataset(p, f, key)[()]) for key in ("X", "y"))
-    except (OSError, RuntimeError, ValueError, KeyError, MemoryError) as e:
+    except (OSError, RuntimeError, ValueError, KeyError) as e:
         raise DataError(f"data file {str(p)!r} cannot be read: {e}") from None
     return _check_X(p, X), _check_y(p, y, len(X))
 

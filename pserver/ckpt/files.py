@@ -249,7 +249,7 @@ def read_state(path: str | Path, expected_sha256: str | None = None) -> State:
             arrays = {name: _stored_array(f, name, path) for name in f}
     except CheckpointError:
         raise
-    except (OSError, KeyError, ValueError, TypeError, RuntimeError, MemoryError) as e:
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError) as e:
         raise CheckpointError(f"checkpoint {path} cannot be read: {e}") from None
     return State(arrays, attrs)
 
