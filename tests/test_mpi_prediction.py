@@ -61,7 +61,7 @@ def test_one_learner_equals_momentum_sgd_on_the_prediction(tmp_path, servers, st
         ("protocol.name=async", "comm.staging=always", "cluster.servers=2", "blocks.count=2"),
         ("protocol.name=async", "cluster.tree_fanout=2"),
         # the per-group tree its bounds were measured on (3 runs, docs/protocols.md); the root
-        # tree (issue 25's default) ends worse with prediction at times (39.8 % final error once in a suite run)
+        # tree (issue 25's default) ended at 39.8 % once in a suite run
         ("protocol.name=async", "comm.mode=thread", "cluster.bcast_fanout=2",
          "cluster.bcast_tree=group"),
         ("protocol.name=psp", "protocol.pull_fraction=0.5", "blocks.count=2"),
