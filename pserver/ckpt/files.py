@@ -197,6 +197,19 @@ def write_state(path: str | Path, arrays: Mapping[str, Any], attrs: Mapping[str,
     return target.stat().st_size
 
 
+def expect(state: State, name: str, shape: tuple[int, ...], dtype: Any, where: str) -> Any:
+    """The array ``name`` of ``state``, refused unless it has ``shape`` and ``dtype``."""
+    a = state.arrays.get(name)
+    if a is None:
+        raise CheckpointError(f"{where}: the checkpoint lacks {name!r}")
+    if tuple(a.shape) != tuple(shape) or str(a.dtype) != str(dtype):
+        raise CheckpointError(
+            f"{where}: {name!r} is {a.dtype}{list(a.shape)} in the checkpoint, this run needs "
+            f"{dtype}{list(shape)} (the model or the data changed)"
+        )
+    return a
+
+
 def regular_file(path: str | Path, what: str) -> Path:
     """``path`` if it is a regular file (links followed), else :class:`CheckpointError`.
 

@@ -40,6 +40,7 @@ from pserver.ckpt.files import (
     attr,
     check_compatible,
     counts,
+    expect,
     latest,
     rank_file,
 )
@@ -231,19 +232,6 @@ def check_data(state: State, X: Any, y: Any, where: str) -> None:
             f"{where}: the training data differ from those the checkpoint was written with "
             "(SHA-256 of the training arrays): resume with the same data.* and data file"
         )
-
-
-def expect(state: State, name: str, shape: tuple[int, ...], dtype: Any, where: str) -> Any:
-    """The array ``name`` of ``state``, refused unless it has ``shape`` and ``dtype``."""
-    a = state.arrays.get(name)
-    if a is None:
-        raise CheckpointError(f"{where}: the checkpoint lacks {name!r}")
-    if tuple(a.shape) != tuple(shape) or str(a.dtype) != str(dtype):
-        raise CheckpointError(
-            f"{where}: {name!r} is {a.dtype}{list(a.shape)} in the checkpoint, this run needs "
-            f"{dtype}{list(shape)} (the model or the data changed)"
-        )
-    return a
 
 
 def check_attrs(ctx: Any, state: State, where: str) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from pserver.ckpt.files import CheckpointError, State
+from pserver.ckpt.files import CheckpointError, State, expect
 
 W = "w"  # the learner's model
 OPT = "opt."  # prefix of the update rule's state arrays
@@ -68,11 +68,4 @@ def check_learner(
         )
     dtype = np.dtype(dtype)
     for name in [W, *(OPT + n for n in opt_names)]:
-        a = state.arrays.get(f"exchange.{name}")
-        if a is None:
-            raise CheckpointError(f"{where}: the checkpoint lacks 'exchange.{name}'")
-        if tuple(a.shape) != (n_params,) or a.dtype != dtype:
-            raise CheckpointError(
-                f"{where}: 'exchange.{name}' is {a.dtype}{list(a.shape)} in the checkpoint, "
-                f"this run needs {dtype}[{n_params}] (the model changed)"
-            )
+        expect(state, f"exchange.{name}", (n_params,), dtype, where)

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from pserver.ckpt.files import CheckpointError, State
+from pserver.ckpt.files import CheckpointError, State, expect
 
 PIPELINE = 1  # format of the pipeline attributes
 
@@ -131,14 +131,7 @@ def check_pipeline(
     names += [f"drop{j}" for j in range(len(a.get("drops", [])))]
     dtype = np.dtype(dtype)
     for name in names:
-        x = state.arrays.get(f"exchange.{name}")
-        if x is None:
-            raise CheckpointError(f"{where}: the checkpoint lacks 'exchange.{name}'")
-        if tuple(x.shape) != (n_params,) or x.dtype != dtype:
-            raise CheckpointError(
-                f"{where}: 'exchange.{name}' is {x.dtype}{list(x.shape)} in the checkpoint, "
-                f"this run needs {dtype}[{n_params}] (the model changed)"
-            )
+        expect(state, f"exchange.{name}", (n_params,), dtype, where)
     if sorted(int(b) for b in a.get("have", {})) != sorted(blocks):
         raise CheckpointError(
             f"{where}: the learner held blocks {sorted(int(b) for b in a.get('have', {}))}, "
