@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 
-from pserver.comm.waiting import PeerLog, Waiter
+from pserver.comm.waiting import PeerLog, StallClock, Waiter
 from pserver.comm.wire import Header, Tag
 
 
@@ -151,3 +151,86 @@ def test_idle_inbox_burns_little_cpu():
     assert wall >= 0.9
     assert cpu < 0.25 * wall  # a busy-poll would burn ~100% of the wall time
     comm.Free()
+
+
+# -- the stall clock: a rank that did not run does not blame its peers (issue 22, D9) ----------
+
+
+class FakeTime:
+    """A clock whose sleeps last as long as the test says."""
+
+    def __init__(self) -> None:
+        self.now, self.extra = 100.0, 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds + self.extra
+        self.extra = 0.0
+
+
+def test_stall_clock_reports_every_timeout_of_waiting(caplog):
+    t = FakeTime()
+    stall = StallClock(10.0, logging.getLogger("test.clock"), clock=t.clock, sleep=t.sleep)
+    due = []
+    for _ in range(25):
+        stall.sleep(1.0, "x")
+        due.append(stall.due())
+    assert [i + 1 for i, d in enumerate(due) if d] == [10, 20]
+    assert stall.stalled() == 25.0
+    assert "did not run" not in caplog.text
+
+
+def test_stall_clock_does_not_count_a_stop_of_this_process(caplog):
+    t = FakeTime()
+    stall = StallClock(10.0, logging.getLogger("test.clock"), clock=t.clock, sleep=t.sleep)
+    stall.sleep(1.0, "the data server")
+    t.extra = 42.0  # SIGSTOP for 42 s during the next sleep
+    with caplog.at_level(logging.WARNING, "test.clock"):
+        stall.sleep(1.0, lambda: "the data server")
+    assert not stall.due()  # 44 s of wall time, 2 s of it waiting
+    assert stall.stalled() == 2.0
+    assert "did not run for 42.0 s" in caplog.text and "the data server" in caplog.text
+    for _ in range(8):
+        stall.sleep(1.0)
+    assert stall.due()  # 10 s of waiting while running
+
+
+def test_a_rank_stopped_by_sigstop_says_so_instead_of_a_stall(tmp_path):
+    """A real process under SIGSTOP for longer than its stall timeout: after SIGCONT it logs
+    the gap and no stall report."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    flag = tmp_path / "done"
+    prog = (
+        "import logging, os, sys\n"
+        "from pserver.comm.waiting import PeerLog, Waiter\n"
+        "logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(message)s')\n"
+        "w = Waiter(logging.getLogger('w'), PeerLog(), 1e-4, 1e-2, stall_timeout=2.0)\n"
+        "calls = 0\n"
+        "def done():\n"  # says 'waiting' from inside the wait, once it sleeps between tests
+        "    global calls\n"
+        "    calls += 1\n"
+        "    if calls == 100:\n"
+        "        print('waiting', flush=True)\n"
+        f"    return os.path.exists({str(flag)!r})\n"
+        "w.until(done, 'the flag')\n"
+        "print('over', flush=True)\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", prog], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "waiting"
+        os.kill(p.pid, signal.SIGSTOP)
+        time.sleep(3.0)  # the length of the stop under test, not a synchronization
+        os.kill(p.pid, signal.SIGCONT)
+        flag.touch()
+        out, _ = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert "this rank did not run for" in out and "the flag" in out, out
+    assert "stalled" not in out, out
+    assert out.strip().endswith("over"), out

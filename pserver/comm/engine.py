@@ -27,7 +27,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from pserver.comm.waiting import Backoff, Waiter, tighten_timer_slack
+from pserver.comm.waiting import Backoff, StallClock, Waiter, tighten_timer_slack
+
+STALL_PACE = 1.0  # a thread-mode wait wakes this often to keep its stall clock (StallClock)
 
 Progress = Callable[[], bool]
 
@@ -89,11 +91,16 @@ class CommEngine:
 
     def _wait_thread(self, ready: Callable[[], bool], what: str) -> None:
         w = self.waiter
+        # woken by the comm thread's notify; the timeout only paces the stall clock, which
+        # must see a SIGSTOP of this rank as a gap, so it is short
+        stall = StallClock(w.stall_timeout, w.log, sleep=lambda s: self.lock.wait(timeout=s))
         with self.lock:
             while not ready():
                 if self.error is not None:
                     raise RuntimeError("the communication thread failed") from self.error
-                if not self.lock.wait(timeout=w.stall_timeout):
+                stall.sleep(min(STALL_PACE, w.stall_timeout), what)
+                if stall.due():
                     w.log.warning(
-                        "stalled waiting for %s; last received: %s", what, w.peers.report()
-                    )
+                        "stalled %.0f s waiting for %s; last received: %s",
+                        stall.stalled(), what, w.peers.report(),
+                    )  # fmt: skip

@@ -26,6 +26,9 @@ SPIN_TESTS = 64  # tests before the first sleep: a reply already on its way cost
 BACKOFF = 0.125  # each sleep is this share of the time waited so far (within poll_min..poll_max)
 LIVENESS_PERIOD = 1.0  # a wait this long checks, once per period, that no peer has died
 EXIT_GRACE = 1.0  # after an MPI error, how long a dying peer may take to show as ended
+#: PeerLog's name for what an allreduce brings: one message from the whole learner group
+ALLREDUCE_PEERS = "the learners' allreduce"
+SUSPENDED = 1.0  # a sleep ending this much later than asked: the process did not run (StallClock)
 PR_SET_TIMERSLACK = 29  # prctl(2)
 TIMER_SLACK_NS = 1000
 
@@ -87,16 +90,26 @@ class PeerLog:
         self._t0 = time.monotonic()
         self.roster, self.names = roster, names
 
-    def note(self, peer: int, what: Header | str) -> None:
+    def note(self, peer: int | str, what: Header | str) -> None:
+        """``what`` just arrived from ``peer``: a world rank, or a label for what a collective
+        brought from a whole group ("the learners' allreduce")."""
         with self._lock:
-            self._last[peer] = (str(what), time.monotonic() - self._t0)
+            self._last[peer] = (str(what), time.monotonic())
 
     def report(self) -> str:
+        """Each peer's last message and how long ago it came, e.g. ``rank 3 (learner 1):
+        PUSH(block=0, ts=7, aux=0), 2.4 s ago``."""
         with self._lock:
-            items = sorted(self._last.items())
+            items = sorted(self._last.items(), key=lambda kv: str(kv[0]))
         if not items:
-            return "nothing received yet"
-        return "; ".join(f"rank {p}: {w} at t={t:.1f}s" for p, (w, t) in items)
+            return f"nothing received in the {time.monotonic() - self._t0:.1f} s since start"
+        now = time.monotonic()
+        return "; ".join(f"{self._who(p)}: {w}, {now - t:.1f} s ago" for p, (w, t) in items)
+
+    def _who(self, peer: int | str) -> str:
+        if isinstance(peer, str):
+            return peer
+        return f"rank {peer} ({self.names(peer)})" if self.names is not None else f"rank {peer}"
 
     def dead(self) -> list[int]:
         """Peers on this node whose process has ended (none known without a roster)."""
@@ -111,7 +124,7 @@ class PeerLog:
     def last_from(self, rank: int) -> str:
         with self._lock:
             got = self._last.get(rank)
-        return f"{got[0]} at t={got[1]:.1f}s" if got else "nothing"
+        return f"{got[0]}, {time.monotonic() - got[1]:.1f} s ago" if got else "nothing"
 
     def lost(self, what: str | None, error: BaseException | None = None) -> PeerLost:
         """The error to raise when a peer died (``dead()``) or MPI failed while waiting.
@@ -162,6 +175,62 @@ def mpi_error_summary(error: BaseException) -> str:
     return f"{head}: {causes[-1]}" if causes else head
 
 
+class StallClock:
+    """When a wait that began at ``start`` is due for its next stall report, every
+    ``timeout`` s, not counting time this process itself did not run.
+
+    A rank stopped by SIGSTOP (a debugger, a job suspended by the batch system) or frozen with
+    its machine wakes up with its wait long past the timeout, although its peers kept going:
+    a report then would blame them for the rank's own stop. A sleep that ends more than
+    ``SUSPENDED`` s (or a quarter of the timeout, if longer) later than asked is such a gap: it
+    is logged once as what it is and moves the report on by its length.
+    """
+
+    def __init__(
+        self,
+        timeout: float,
+        log: logging.Logger,
+        start: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], object] = time.sleep,
+    ) -> None:
+        self.timeout, self.log, self.clock, self._sleep = timeout, log, clock, sleep
+        self.start = clock() if start is None else start
+        self.next = self.start + timeout
+        self.suspended = 0.0  # seconds of the wait this process did not run
+        self.gap_limit = max(SUSPENDED, timeout / 4)
+
+    def sleep(self, seconds: float, what: Callable[[], str] | str = "") -> None:
+        """Sleep (or wait: ``sleep`` may be a condition's ``wait``) and account for a gap."""
+        before = self.clock()
+        self._sleep(seconds)
+        self.slept(before, seconds, what)
+
+    def slept(self, before: float, seconds: float, what: Callable[[], str] | str = "") -> None:
+        """A sleep of ``seconds`` that began at ``before`` has returned."""
+        gap = self.clock() - before - seconds
+        if gap > self.gap_limit:
+            self.suspended += gap
+            self.next += gap
+            text = what() if callable(what) else what
+            self.log.warning(
+                "this rank did not run for %.1f s (stopped, e.g. by SIGSTOP, or its machine "
+                "frozen) while waiting for %s: not a stall of its peers", gap, text,
+            )  # fmt: skip
+
+    def due(self, now: float | None = None) -> bool:
+        """True once per ``timeout`` s of the wait in which this process ran."""
+        now = self.clock() if now is None else now
+        if now < self.next:
+            return False
+        self.next = now + self.timeout
+        return True
+
+    def stalled(self, now: float | None = None) -> float:
+        """Seconds waited so far, less the time this process did not run."""
+        return (self.clock() if now is None else now) - self.start - self.suspended
+
+
 class Waiter:
     """Back-off waits on MPI requests or conditions, with a stall report."""
 
@@ -187,28 +256,27 @@ class Waiter:
         tighten_timer_slack()
         backoff = Backoff(self.poll_min, self.poll_max, tight)
         start = backoff.since
-        next_report = start + self.stall_timeout
+        stall = StallClock(self.stall_timeout, self.log, start)
         next_check = start + LIVENESS_PERIOD
         try:
             while not self._test(done, what):
                 pause = backoff.next_sleep()
                 if not pause:
                     continue
-                time.sleep(pause)
+                stall.sleep(pause, what)
                 now = time.monotonic()
                 if now >= next_check:  # a dead peer would leave this wait without an end
                     next_check = now + LIVENESS_PERIOD
                     if self.peers.dead():
                         raise self.peers.lost(what() if callable(what) else what)
-                if now >= next_report:
+                if stall.due(now):
                     text = what() if callable(what) else what
                     self.log.warning(
                         "stalled %.0f s waiting for %s; last received: %s",
-                        now - start,
+                        stall.stalled(now),
                         text,
                         self.peers.report(),
                     )
-                    next_report = now + self.stall_timeout
         finally:
             self.waited += time.monotonic() - start
 

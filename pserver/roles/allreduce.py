@@ -29,6 +29,7 @@ from typing import Any
 from pserver.ckpt.drivers.lockstep import model_state, restore_model
 from pserver.ckpt.files import State
 from pserver.comm.collectives import Allreducer
+from pserver.comm.waiting import ALLREDUCE_PEERS
 from pserver.roles.lockstep_model import LockstepModel
 from pserver.roles.stop_vote import stop_vote
 from pserver.runtime.context import Context
@@ -69,6 +70,7 @@ class SyncExchange:
     def gradient(self, g: Any) -> None:
         t = time.perf_counter()
         self.allreduce.start(g).wait(f"the allreduce of step {self.steps}'s gradients")
+        self.waiter.peers.note(ALLREDUCE_PEERS, f"the sum of step {self.steps}'s gradients")
         waited = time.perf_counter() - t
         self.model.apply(g, self.steps, self.model.version, waited)
         self.steps += 1

@@ -75,6 +75,9 @@ class Gossip:
     ) -> None:  # fmt: skip
         self.comm, self.xp, self.waiter, self.apply = comm, xp, waiter, apply
         self.me, n = comm.Get_rank(), comm.Get_size()
+        # the stall report (PeerLog) names world ranks; the ring speaks in learner ranks
+        world = MPI.COMM_WORLD.Get_group()
+        self.world_rank = comm.Get_group().Translate_ranks(list(range(n)), world)
         self.ring = Ring(n)
         self.role = self.ring.role(self.me)
         self.w = w
@@ -288,6 +291,7 @@ class Gossip:
         )
         self.clock.merge(hdr[2:])
         self.exchanged += 1
+        self.waiter.peers.note(self.world_rank[partner], f"its model of step {partner_step}")
 
     def take_rows(self) -> list[dict[str, Any]]:
         """The ``exchanges`` rows recorded since the last call."""

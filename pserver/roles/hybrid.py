@@ -32,6 +32,7 @@ from pserver.ckpt.drivers.lockstep import HybridCut
 from pserver.ckpt.files import State
 from pserver.comm.collectives import Handle
 from pserver.comm.engine import CommEngine
+from pserver.comm.waiting import ALLREDUCE_PEERS
 from pserver.roles.allreduce import allreducer
 from pserver.roles.lockstep_model import LockstepModel
 from pserver.roles.stop_vote import stop_vote
@@ -97,6 +98,7 @@ class HybridExchange:
         waited = self.engine.wait(lambda: h.done, f"the allreduce of step {self.flight_step}")
         self.flight = None
         step = self.flight_step
+        self.waiter.peers.note(ALLREDUCE_PEERS, f"the sum of step {step}'s gradients")
         self.model.apply(self.bufs[step % 2], step, self.flight_version, waited)
         self.have[0] = self.model.version
         return waited
