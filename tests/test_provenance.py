@@ -21,6 +21,10 @@ def test_rank_table_names_every_ranks_role_host_local_rank_and_parent():
     lines = host_lines(table)
     assert len(lines) == 2 and lines[1].startswith("host b: 3 ranks: 3 aggregator 0, 4 learner 0 "
                                                    "(parent 3)")  # fmt: skip
+    with_pids = host_lines(rank_table(layout, nodes, hosts, [100, 101, 102, 200, 201, 202]))
+    assert with_pids[1] == ("host b: 3 ranks: 3 aggregator 0 (pid 200), 4 learner 0 (parent 3, "
+                            "pid 201), 5 learner 1 (parent 3, pid 202)")  # fmt: skip
+    assert rank_table(layout, nodes, hosts, [7] * 6)[4].pid == 7 and table[4].pid == -1
 
 
 def test_library_line_and_restart_count():

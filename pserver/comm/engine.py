@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from pserver.comm.waiting import Backoff, StallClock, Waiter, tighten_timer_slack
 
-STALL_PACE = 1.0  # a thread-mode wait wakes this often to keep its stall clock (StallClock)
+STALL_PACE = 0.5  # a thread-mode wait wakes this often for its stall clock and liveness check
 
 Progress = Callable[[], bool]
 
@@ -99,6 +99,7 @@ class CommEngine:
                 if self.error is not None:
                     raise RuntimeError("the communication thread failed") from self.error
                 stall.sleep(min(STALL_PACE, w.stall_timeout), what)
+                w.check_peers(what, time.monotonic())
                 if stall.due():
                     w.log.warning(
                         "stalled %.0f s waiting for %s; last received: %s",

@@ -245,6 +245,20 @@ class Waiter:
         self.log, self.peers = log, peers
         self.poll_min, self.poll_max, self.stall_timeout = poll_min, poll_max, stall_timeout
         self.waited = 0.0  # total seconds spent in waits, for the statistics
+        # when peers are next checked for a death: per waiter, not per wait, so a rank whose
+        # waits are each shorter than the period (a statistics server hearing from the other
+        # learners) still notices a dead one within about a period of its sleeping
+        self.next_check = 0.0
+
+    def check_peers(self, what: Callable[[], str] | str, now: float) -> None:
+        """Raise :class:`PeerLost` if a peer has died (looked at once per LIVENESS_PERIOD): a
+        peer that died while no transfer with it was under way raises no MPI error, and a
+        wait on it would never end."""
+        if now < self.next_check:
+            return
+        self.next_check = now + LIVENESS_PERIOD
+        if self.peers.dead():
+            raise self.peers.lost(what() if callable(what) else what)
 
     def until(
         self, done: Callable[[], bool], what: Callable[[], str] | str, tight: float = 0.0
@@ -257,7 +271,6 @@ class Waiter:
         backoff = Backoff(self.poll_min, self.poll_max, tight)
         start = backoff.since
         stall = StallClock(self.stall_timeout, self.log, start)
-        next_check = start + LIVENESS_PERIOD
         try:
             while not self._test(done, what):
                 pause = backoff.next_sleep()
@@ -265,10 +278,7 @@ class Waiter:
                     continue
                 stall.sleep(pause, what)
                 now = time.monotonic()
-                if now >= next_check:  # a dead peer would leave this wait without an end
-                    next_check = now + LIVENESS_PERIOD
-                    if self.peers.dead():
-                        raise self.peers.lost(what() if callable(what) else what)
+                self.check_peers(what, now)
                 if stall.due(now):
                     text = what() if callable(what) else what
                     self.log.warning(

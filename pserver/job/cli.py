@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import socket
 import sys
 import time
@@ -118,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx = prepare(cfg, size, rank, log, local, nodes, peers, rid=rid)
         ctx.learner_comm = learners
         ctx.hosts = [p.host for p in roster.procs]
+        ctx.pids = [p.pid for p in roster.procs]
         if args.resume is not None:
             from pserver.ckpt.resume import check_state, open_resume
 
@@ -167,16 +167,28 @@ def main(argv: list[str] | None = None) -> int:
 def abort_message(error: BaseException, ctx) -> str:  # noqa: ANN001 - Context
     """What a rank says before aborting the job: one line for a failure whose message says
     all (a lost peer, a diverged run), the traceback for anything else."""
-    from mpi4py import MPI
 
     who = f"rank {ctx.rank} ({ctx.layout.describe(ctx.rank)}) on {socket.gethostname()}"
-    if isinstance(error, MPI.Exception):  # outside a wait: which peer is unknown, ask the roster
-        error = ctx.peers.lost(None, error)
+    mpi_error = mpi_cause(error)  # also behind a comm thread's "the thread failed" error
+    if mpi_error is not None:  # outside a wait: which peer is unknown, ask the roster
+        error = ctx.peers.lost(None, mpi_error)
     if isinstance(error, PeerLost) and not error.named:  # maybe our own fault: say where
         return f"pserver-run: {who}: {error}; aborting the job:\n{traceback.format_exc()}"
     if isinstance(error, RunError):
         return f"pserver-run: {who}: {error}; aborting the job"
     return f"pserver-run: {who} failed; aborting the job:\n{traceback.format_exc()}"
+
+
+def mpi_cause(error: BaseException | None) -> BaseException | None:
+    """The MPI error that ``error`` is or was raised from (its ``__cause__`` chain), if any."""
+    from mpi4py import MPI
+
+    seen = 0
+    while error is not None and seen < 16:  # a chain is short; a cycle must not loop forever
+        if isinstance(error, MPI.Exception):
+            return error
+        error, seen = error.__cause__, seen + 1
+    return None
 
 
 def die(message: str, world) -> None:  # noqa: ANN001 - MPI.Comm
@@ -249,9 +261,10 @@ def log_provenance(ctx) -> None:  # noqa: ANN001 - Context
     c = ctx.cfg.cluster
     ctx.log.info("%s", layout_line(ctx.layout, ctx.cfg.protocol.name, c.tree_fanout,
                                    c.bcast_fanout))  # fmt: skip
-    lines = host_lines(rank_table(ctx.layout, ctx.nodes, ctx.hosts))
-    for line in lines:  # every rank's role: worth the INFO log only where hosts differ
-        ctx.log.log(logging.INFO if len(lines) > 1 else logging.DEBUG, "%s", line)
+    # every rank's role and PID at INFO: when a rank is killed, MPICH's launcher ends the job
+    # naming only the PID of the process that died, which these lines map to a rank
+    for line in host_lines(rank_table(ctx.layout, ctx.nodes, ctx.hosts, ctx.pids)):
+        ctx.log.info("%s", line)
 
 
 # -- the role drivers: each imports its own module only when its rank plays that role --------

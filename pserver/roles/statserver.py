@@ -79,7 +79,8 @@ class StatsServer:
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "host": socket.gethostname(),
             **self.scaling_attrs(),
-            **dump_attrs(lay, self.ctx.nodes, self.ctx.hosts, self.cfg.run.out_dir),
+            **dump_attrs(lay, self.ctx.nodes, self.ctx.hosts, self.cfg.run.out_dir,
+                         self.ctx.pids),
         }
 
     def scaling_attrs(self) -> dict[str, Any]:

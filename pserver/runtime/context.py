@@ -51,6 +51,8 @@ class Context:
     # the run directory's ``latest`` link (pserver.runtime.rundir), if any
     latest: Path | None = None
     hosts: list[str] = field(default_factory=list)  # the host of every rank (provenance)
+    # every rank's process id: the launcher names a dead rank by its PID only (provenance)
+    pids: list[int] = field(default_factory=list)
     resume: Any = None  # pserver.ckpt.resume.Resume: the checkpoint this rank continues from
     w0: Any = None  # model.init_from: the initial weights read from another run (warm start)
 

@@ -34,31 +34,39 @@ class RankInfo:
     host: str
     local_rank: int  # its index among the ranks of its node
     parent: int  # the rank it sends to in a tree (aggregator, or learner it pulls from); -1: none
+    pid: int = -1  # its process id on its host (-1: not known)
 
 
-def rank_table(layout: Any, nodes: Sequence[int], hosts: Sequence[str]) -> list[RankInfo]:
-    """Every rank's :class:`RankInfo`; ``nodes`` the node of every rank (its lowest rank)."""
+def rank_table(
+    layout: Any, nodes: Sequence[int], hosts: Sequence[str], pids: Sequence[int] = ()
+) -> list[RankInfo]:
+    """Every rank's :class:`RankInfo`; ``nodes`` the node of every rank (its lowest rank),
+    ``pids`` its process id (none known where empty)."""
     seen: dict[int, int] = {}
     out = []
     for r in range(layout.world_size):
         local = seen.get(nodes[r], 0)
         seen[nodes[r]] = local + 1
         parent = layout.parent.get(r, layout.bcast_parent.get(r, -1))
-        out.append(RankInfo(r, layout.describe(r), hosts[r], local, parent))
+        pid = pids[r] if pids else -1
+        out.append(RankInfo(r, layout.describe(r), hosts[r], local, parent, pid))
     return out
 
 
 def host_lines(table: Sequence[RankInfo]) -> list[str]:
-    """One line per host: ``HOST: N ranks: 0 server 0, 1 stats server, 4 learner 1 (parent 3)``."""
+    """One line per host: ``host HOST: N ranks: 0 server 0 (pid 812), 1 stats server (pid 813),
+    4 learner 1 (parent 3, pid 816)`` (a PID where known)."""
     by_host: dict[str, list[RankInfo]] = {}
     for info in table:
         by_host.setdefault(info.host, []).append(info)
     lines = []
     for host, ranks in by_host.items():
-        parts = [
-            f"{i.rank} {i.role}" + (f" (parent {i.parent})" if i.parent >= 0 else "")
-            for i in ranks
-        ]
+        parts = []
+        for i in ranks:
+            notes = ([f"parent {i.parent}"] if i.parent >= 0 else []) + (
+                [f"pid {i.pid}"] if i.pid >= 0 else []
+            )
+            parts.append(f"{i.rank} {i.role}" + (f" ({', '.join(notes)})" if notes else ""))
         count = f"{len(ranks)} rank{'s' if len(ranks) > 1 else ''}"
         lines.append(f"host {host}: {count}: {', '.join(parts)}")
     return lines
@@ -131,7 +139,8 @@ def restarts(environ: Mapping[str, str] | None = None) -> int:
 
 
 def dump_attrs(
-    layout: Any, nodes: Sequence[int], hosts: Sequence[str], run_dir: str
+    layout: Any, nodes: Sequence[int], hosts: Sequence[str], run_dir: str,
+    pids: Sequence[int] = (),
 ) -> dict[str, Any]:
     """The dump's provenance attributes (``docs/stats.md``, *Root attributes*)."""
     versions = library_versions()
@@ -141,7 +150,7 @@ def dump_attrs(
         "git_commit": git_commit(),
         "versions": versions,
         "mpi_library": versions["mpi"],
-        "ranks": [asdict(i) for i in rank_table(layout, nodes, hosts)],
+        "ranks": [asdict(i) for i in rank_table(layout, nodes, hosts, pids)],
         "run_dir": run_dir,
         "launch": launch_info(),
         "restarts": restarts(),
