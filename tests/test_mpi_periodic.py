@@ -141,6 +141,25 @@ def test_periodic_generations_that_cannot_be_written_keep_the_previous_one(tmp_p
     assert check_dump(load_dump(a / "stats.h5")) == []
 
 
+def test_generations_one_rank_cannot_write_leave_no_files_behind(tmp_path):
+    """Rank 3 cannot write its files of generations 2.. (a directory is in its way, as a full
+    disk would stop it): the files the other ranks wrote there are removed at once, since on a
+    full disk they would hold the space the dump's next flush needs (issue 22, D10); before,
+    they stayed until a later generation was committed, which a full disk never allows."""
+    a = tmp_path / "a"
+    ckpt = a / "checkpoint"
+    for g in range(2, 400):
+        (ckpt / f"g{g:06d}" / "rank-00003.h5").mkdir(parents=True)  # in rank 3's way only
+    res = job(a, PERIODIC)
+    assert res.returncode == 74, res.output  # the end's generation could not be written either
+    warned = lines(res.output, "pserver-run: warning: periodic checkpoint generation 2")
+    assert warned and "ranks [3] could not write" in warned[0], res.output
+    assert latest(ckpt).generation == 1
+    tried = [d for d in ckpt.glob("g*") if d.name != "g000001"]
+    assert len(tried) == 398
+    assert all(sorted(f.name for f in d.iterdir()) == ["rank-00003.h5"] for d in tried)
+
+
 def test_periodic_run_is_bit_identical_and_its_dump_consistent(tmp_path, uninterrupted):
     """Pausing for checkpoints changes nothing for λ = 1: same final weights; one train row per
     minibatch; the dump checks consistent; LATEST is the end's generation, after periodic ones."""

@@ -98,6 +98,26 @@ def rank_file(ckpt_dir: str | Path, generation: int, rank: int) -> Path:
     return generation_dir(ckpt_dir, generation) / f"rank-{rank:05d}.h5"
 
 
+def discard_generation(ckpt_dir: str | Path, generation: int) -> int:
+    """Remove the rank files of a generation that was not committed (some rank could not write
+    its own): they would only hold space a full disk lacks, the dump's next flush included.
+    Anything else found there (not a regular rank file) is left alone. Returns the files
+    removed."""
+    where = generation_dir(ckpt_dir, generation)
+    if where.is_symlink() or not where.is_dir():
+        return 0
+    removed = 0
+    for f in where.glob("rank-*.h5*"):  # a writer's leftover .tmp too
+        if f.is_file() and not f.is_symlink():
+            f.unlink(missing_ok=True)
+            removed += 1
+    try:
+        where.rmdir()
+    except OSError:  # not empty: something of someone else's
+        pass
+    return removed
+
+
 def _fsync_dir(path: Path) -> None:
     # the rename is durable only once the directory entry is: fsync the directory itself
     fd = os.open(path, os.O_RDONLY)

@@ -37,6 +37,7 @@ from typing import Any
 from pserver.ckpt.files import (
     CheckpointError,
     commit,
+    discard_generation,
     generation_dir,
     latest,
     rank_file,
@@ -93,6 +94,8 @@ def end_checkpoint(ctx: Any, world: Any, driver: Any, gen: int | None = None) ->
     elif error is not None:
         print(f"pserver-run: error: rank {ctx.rank}: {error}", file=sys.stderr, flush=True)
     failed = bool((statuses & WRITE_FAILED).any())
+    if failed and ctx.role is Role.STATS:  # every rank has written or failed (the agreement)
+        discard_generation(root, gen)
     if failed and code == CONTINUE:
         return periodic_not_written(ctx, gen, statuses)
     if failed:
