@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from mpirun import ROOT
@@ -34,3 +35,18 @@ def test_table3_needs_the_straggler_runs_and_two_seeds():
     v = ri.claim(base + slow, 0.9, 4)  # ideal at λ = 4: (3 + 0.1)/4 = 77.5 %
     assert v.status == "holds" and "ADPSGD 78 ± 0 % (2 seeds)" in v.numbers
     assert ri.claim(base + slow[:1] + slow[2:], 0.9, 4).status == "not tested"  # one seed
+
+
+def test_hybrid_delay_control_trains_both_serial_references(capsys):
+    """scripts/hybrid_delay.py: SYNC's and HYBRID's serial references on the digits, one row
+    per momentum, each a mean over the seeds; the two differ (one is a step late)."""
+    import hybrid_delay
+
+    assert hybrid_delay.main(["--data", "digits", "--epochs", "1", "--seeds", "3",
+                              "--momentum", "0.9"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    rows = [ln for ln in out.splitlines() if ln.startswith("| 0.9 |")]
+    assert len(rows) == 1 and rows[0].count("(3 seeds)") == 2, out
+    args = argparse.Namespace(data="digits", train_samples=0, epochs=1, seeds=1, learners=4)
+    plain, delayed = hybrid_delay.errors(args, 0.9)
+    assert len(plain) == len(delayed) == 1 and plain != delayed
