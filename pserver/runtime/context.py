@@ -113,6 +113,10 @@ def prepare(
     """
     from mpi4py import MPI
 
+    from learners.precheck import check_model_source
+
+    check_model_source(cfg.model)  # first: a typo in model.module must not wait for torch
+
     from learners.data import data_size, describe_dataset, load_dataset
     from learners.models import build_model
     from pserver.comm.backend import select_backend
