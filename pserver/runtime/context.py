@@ -125,6 +125,10 @@ def prepare(
     check_exchange_thread(cfg, MPI.Query_thread())
     cfg.run.out_dir, latest = expand(cfg.run.out_dir, cfg.run.name, rid or run_id())
     layout = make_layout(world_size, cfg, nodes)
+    if cfg.stats.tensorboard and layout.role(rank) is Role.STATS:  # the rank that writes them
+        from pserver.dump.tensorboard import require
+
+        require()
     n_learners = len(layout.learners)
     strategy = lookup(cfg.protocol.name)
     if strategy.protocol is not None:  # a shard protocol that cannot run with this λ fails here
