@@ -60,6 +60,21 @@ def test_the_stand_ins_do_record_an_import(tmp_path):
     assert any(n.startswith("sklearn-") for n in os.listdir(env["HEAVY_IMPORTS"])), res.output
 
 
+def model_said(example: str) -> str:
+    """The model kind and parameter count the start-up line must name, built here."""
+    from learners.data import describe_dataset
+    from learners.models import build_model
+    from pserver.plan.config import load_config
+
+    cfg = load_config(ROOT / "examples" / example)
+    if cfg.model.kind == "torch":
+        cfg.model.module = str(ROOT / "examples" / "torch_cnn.py") + ":build"
+    ds = describe_dataset(cfg.data, cfg.run.seed)
+    n = build_model(cfg.model, ds.n_features, ds.n_classes).n_params
+    kind = cfg.model.kind if cfg.model.kind == "mlp" else f"torch {cfg.model.module}"
+    return f"{kind}, {n} parameters"
+
+
 @pytest.mark.parametrize("example", ["quickstart.toml", "torch_cnn.toml"])
 def test_an_example_runs_twice_in_the_same_place(tmp_path, example):
     """Each example's own run directory scheme (``run.out_dir`` left as the example has it),
@@ -74,6 +89,9 @@ def test_an_example_runs_twice_in_the_same_place(tmp_path, example):
         res = run_job(7, [str(ROOT / "examples" / example), *overrides], TIMEOUT,
                       cwd=tmp_path, env=env)
         assert res.returncode == 0, res.output
+        said = [ln for ln in res.stderr.splitlines() if " INFO data: " in ln]
+        assert len(said) == 1 and " stats server " in said[0], res.output  # one line, one rank
+        assert f"model: {model_said(example)} in " in said[0] and " train / " in said[0]
         runs.append({p.parent.resolve() for p in tmp_path.glob("runs/*/*/stats.h5")})
     assert len(runs[0]) == 1 and len(runs[1]) == 2, runs
     (second,) = runs[1] - runs[0]
