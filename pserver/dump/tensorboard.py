@@ -15,6 +15,7 @@ No MPI. ``docs/stats.md`` (*TensorBoard*) lists :data:`TAGS`.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,9 @@ class EventFile:
             for old in folder.glob(PATTERN):
                 old.unlink()
         self.Event, self.Summary = Event, Summary
-        self.writer: Any = EventsWriter(str(folder / PREFIX))
+        # tensorboardX names a file by the second it was opened: the nanoseconds keep apart
+        # (and in order) the files of periodic-checkpoint parts opened in the same second
+        self.writer: Any = EventsWriter(str(folder / PREFIX), f".{time.time_ns()}")
 
     def write(self, step: int, values: dict[str, float], walltime: float) -> None:
         """One event holding every value of this step."""
