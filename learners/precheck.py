@@ -136,9 +136,22 @@ def top_level_names(body: list[ast.stmt]) -> tuple[set[str], bool]:
                 more, also = top_level_names(inner)
                 names |= more
                 open_ended |= also
-        if any(isinstance(n, ast.Name) and n.id in ("globals", "exec") for n in ast.walk(node)):
-            open_ended = True  # globals()[...] = or exec(...): names the text does not show
+        open_ended |= bool(DYNAMIC & names_used(node))  # globals()[...] =, exec(...), ...
     return names, open_ended
+
+
+DYNAMIC = frozenset({"globals", "exec", "setattr", "vars"})  # may bind names at module level
+
+
+def names_used(node: ast.AST) -> set[str]:
+    """The names ``node`` reads when it runs at module level: the bodies of functions and
+    classes it defines are not run then (a class body is, but binds in the class)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+        return set()
+    found = {node.id} if isinstance(node, ast.Name) else set()
+    for child in ast.iter_child_nodes(node):
+        found |= names_used(child)
+    return found
 
 
 def nested_bodies(node: ast.stmt) -> list[list[ast.stmt]]:

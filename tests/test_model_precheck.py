@@ -81,7 +81,8 @@ def test_a_dotted_module_found_through_its_package_folders(tmp_path, monkeypatch
 
 def test_names_the_text_cannot_show_pass(tmp_path):
     for body in ("from os.path import *\n", "def __getattr__(name): ...\n",
-                 "globals()['build'] = len\n"):
+                 "globals()['build'] = len\n", "import sys\nsetattr(sys.modules[__name__], "
+                 "'build', len)\n", "if True:\n    exec('build = len')\n"):
         path = tmp_path / "open_ended.py"
         path.write_text(body)
         check_model_source(model(f"{path}:build"))  # the import will tell
@@ -107,3 +108,10 @@ def test_with_and_for_targets_are_bound():
     names, open_ended = top_level_names(ast.parse("with open(f) as h:\n    pass\n"
                                                   "for k in range(2):\n    pass\n").body)
     assert {"h", "k"} <= names and not open_ended
+
+
+def test_setattr_inside_a_method_does_not_hide_a_missing_factory(tmp_path):
+    path = tmp_path / "net.py"
+    path.write_text("class Net:\n    def __init__(self):\n        setattr(self, 'fc', 1)\n")
+    with pytest.raises(ConfigError, match="has no 'build'"):
+        check_model_source(model(f"{path}:build"))
