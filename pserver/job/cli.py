@@ -214,6 +214,10 @@ def run(ctx, world) -> int:  # noqa: ANN001 - Context and MPI.Comm, imported laz
         if ctx.w0 is not None:
             ctx.log.info("initial weights: the final model of %s (model.init_from)",
                          ctx.cfg.model.init_from)  # fmt: skip
+    if ctx.role is Role.STATS:  # the rank that read the data and chose its scaling
+        from learners.describe import startup_line
+
+        ctx.log.info("%s", startup_line(ctx.dataset, ctx.cfg.model, ctx.model))
     ctx.channels = Channels.create(world)
     # a thread that waits for the GIL gets it after at most this long: Python's default 5 ms
     # starves a comm thread beside pure-Python compute (docs/architecture.md, "The

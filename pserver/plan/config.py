@@ -187,6 +187,9 @@ class StatsConfig:
     buffer_rows: int = 50_000  # statistics rows a rank holds for a lagging stats server
     test_every: int = 1  # epochs between model tests at the statistics server
     progress: bool = True
+    # issue 24: progress lines between the epoch tests, at most one per this many seconds (0: none)
+    progress_every: float = 0.0
+    tensorboard: bool = False  # TensorBoard scalars in the run directory (pserver.dump.tensorboard)
 
 
 @dataclass
@@ -280,6 +283,7 @@ NON_NEGATIVE = {
     "inject.compute_time",
     "inject.fail_step",
     "inject.compute_per_sample",
+    "stats.progress_every",
 }
 # the bounds of the strategies' own keys (protocol.n > 0, protocol.c >= 0, ...)
 POSITIVE |= {f"protocol.{k}" for k, p in strategies.params().items() if p.bound == "> 0"}

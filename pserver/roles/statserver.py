@@ -28,8 +28,10 @@ from pserver import __version__
 from pserver.ckpt.files import State
 from pserver.comm.records import decode
 from pserver.comm.wire import Header, Tag, WireError, header_buffer, model_epoch
+from pserver.dump.progress import sigma_text
 from pserver.dump.schema import DATA_SCALING
 from pserver.dump.writer import DumpWriteError, StatsWriter
+from pserver.roles.live import Live
 from pserver.runtime.context import Context
 from pserver.runtime.provenance import dump_attrs
 from pserver.runtime.rundir import point_latest
@@ -60,6 +62,9 @@ class StatsServer:
         self.rows: dict[str, int] = {}
         if resume is not None:
             self.restore(resume.state)
+        # progress lines and TensorBoard scalars, fed the rows the dump gets (issue 24)
+        self.outputs = Live(self.cfg, ctx.train_size, ctx.dump_path.parent, ctx.log,
+                         self.writer.rows(), resume is None, ctx.t0)  # fmt: skip
         self.handlers = {
             Tag.RECORDS: self.on_records,
             Tag.MODEL: self.on_model,
@@ -130,6 +135,7 @@ class StatsServer:
             handler(msg, status)
             self.writer.maybe_flush()
         self.skip_untested()
+        self.outputs.close(self.ctx.now(), self.sigma())
         self.final_line()
         total = sum(sum(g.values()) for g in self.dropped.values())
         if total:
@@ -207,6 +213,7 @@ class StatsServer:
             self.sigma_sum += sum(sigma)
             self.sigma_n += len(sigma)
             self.sigma_max = max(self.sigma_max, max(sigma))
+        self.outputs.rows(rows, self.ctx.now(), self.sigma())
 
     def on_model(self, msg: MPI.Message, status: MPI.Status) -> None:
         source = status.Get_source()
@@ -249,25 +256,15 @@ class StatsServer:
             error=np.array([error]),
         )
         self.writer.maybe_flush()  # a flush per test would rewrite the dump every epoch
-        if self.cfg.stats.progress:
-            self.ctx.log.info(
-                "epoch %d/%d  test error %.2f%%  loss %.4f  %s  "
-                "%.0f samples/s  t=%.1fs  (test took %.2fs)",
-                epoch,
-                self.cfg.run.epochs,
-                100 * error,
-                loss,
-                self.sigma_text(),
-                samples / max(now, 1e-9),
-                now,
-                time.perf_counter() - t,
-            )
+        self.outputs.tested(epoch, loss, error, now, time.perf_counter() - t, self.sigma())
+
+    def sigma(self) -> tuple[float, int, int]:
+        """Σσ, the count and max σ over the ``staleness`` rows received so far."""
+        return self.sigma_sum, self.sigma_n, self.sigma_max
 
     def sigma_text(self) -> str:
         """⟨σ⟩ and max σ over the ``staleness`` rows received so far (none yet: no figure)."""
-        if not self.sigma_n:
-            return "<sigma> -  max sigma -"
-        return f"<sigma> {self.sigma_sum / self.sigma_n:.2f}  max sigma {self.sigma_max}"
+        return sigma_text(*self.sigma())
 
     def final_line(self) -> None:
         """The run's staleness once every rank's last rows are in: the number ``pserver-stats

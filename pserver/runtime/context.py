@@ -115,6 +115,10 @@ def prepare(
     """
     from mpi4py import MPI
 
+    from learners.precheck import check_model_source
+
+    check_model_source(cfg.model)  # first: a typo in model.module must not wait for torch
+
     from learners.data import data_size, describe_dataset, load_dataset
     from learners.models import build_model
     from pserver.comm.backend import select_backend
@@ -123,6 +127,10 @@ def prepare(
     check_exchange_thread(cfg, MPI.Query_thread())
     cfg.run.out_dir, latest = expand(cfg.run.out_dir, cfg.run.name, rid or run_id())
     layout = make_layout(world_size, cfg, nodes)
+    if cfg.stats.tensorboard and layout.role(rank) is Role.STATS:  # the rank that writes them
+        from pserver.dump.tensorboard import require
+
+        require()
     n_learners = len(layout.learners)
     strategy = lookup(cfg.protocol.name)
     if strategy.protocol is not None:  # a shard protocol that cannot run with this λ fails here
