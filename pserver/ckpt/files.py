@@ -171,6 +171,18 @@ def counts(attrs: Mapping[str, Any], name: str, where: str, low: int = 0) -> Any
     return value
 
 
+def pairs(attrs: Mapping[str, Any], name: str, where: str, low: int = 0) -> list[Any]:
+    """``attrs[name]``, a list of ``[key, value]`` integer pairs, each >= ``low`` (a learner's
+    block timestamps, a round's latest tags)."""
+    value = attr(attrs, name, list, where)
+    for i, pair in enumerate(value):
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise CheckpointError(f"{where}: the checkpoint's {name}[{i}] is {pair!r}, not a pair")
+        for j, v in enumerate(pair):
+            attr({f"{name}[{i}][{j}]": v}, f"{name}[{i}][{j}]", int, where, low)
+    return value
+
+
 def _checksum(a: np.ndarray) -> int:
     return zlib.crc32(np.ascontiguousarray(a).view(np.uint8).reshape(-1).data)
 

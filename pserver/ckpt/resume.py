@@ -49,6 +49,7 @@ from pserver.ckpt.records.partial_pull import check_learner as check_copies
 from pserver.ckpt.records.partial_pull import keeps_copies
 from pserver.ckpt.records.pipeline import check_pipeline
 from pserver.ckpt.records.prediction import check_predictor
+from pserver.ckpt.records.quota import check_quota
 from pserver.plan.config import Config
 from pserver.strategies import lookup
 from pserver.strategies.base import COLLECTIVE, MODEL_AVERAGING, PARAMETER_SERVER
@@ -265,6 +266,8 @@ def check_attrs(ctx: Any, state: State, where: str) -> None:
         attr(sampler, "rng", dict, where)
         if "lockstep_steps" in a:
             attr(a, "lockstep_steps", int, where, 0)
+        if "quota" in a:  # the learners-only strategies' (pserver.ckpt.records.quota)
+            check_quota(a, where)
     elif role is Role.LEARNER:  # pserver.roles.trainer.Trainer.restore and its exchange's
         if "steps" in a:
             attr(a, "steps", int, where, 0)

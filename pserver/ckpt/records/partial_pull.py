@@ -100,7 +100,7 @@ from typing import Any
 
 import numpy as np
 
-from pserver.ckpt.files import CheckpointError, State
+from pserver.ckpt.files import CheckpointError, State, attr, pairs
 from pserver.plan.config import Config, pull_timestamp
 from pserver.protocols.partial_pull import ITERATION
 
@@ -142,7 +142,10 @@ def check_learner(
             f"{where}: 'exchange.w' is {w.dtype}{list(w.shape)} in the checkpoint, this run "
             f"needs {np.dtype(dtype)}{[n_params]} (the model or the data changed)"
         )
-    saved = sorted(int(b) for b, _ in ex["have"])
+    attr(ex, "tag", int, where, 0)  # types and ranges first: restore_learner trusts them
+    if "steps" in ex:
+        attr(ex, "steps", int, where, 0)
+    saved = sorted(int(b) for b, _ in pairs(ex, "have", where))
     if saved != sorted(blocks):
         raise CheckpointError(
             f"{where}: the learner held blocks {saved}, this run has blocks {sorted(blocks)}"

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from pserver.ckpt.files import CheckpointError, State, expect
+from pserver.ckpt.files import CheckpointError, State, attr, counts, expect
 
 PIPELINE = 1  # format of the pipeline attributes
 
@@ -127,6 +127,19 @@ def check_pipeline(
     a = state.attrs.get("exchange", {})
     if "pipeline" not in a:
         return  # an older checkpoint: the first minibatch waits for the shards' model
+    # types and ranges first: restore_pipeline trusts them (issue 22, D4)
+    attr(a, "steps", int, where, 0)
+    for name in ("have", "arrived", "current", "stopped"):
+        counts(a, name, where)
+    for j, d in enumerate(attr(a, "drops", list, where) if "drops" in a else []):
+        attr({f"drops[{j}]": d}, f"drops[{j}]", dict, where)
+        attr(d, "push", int, f"{where} drops[{j}]", 0)
+        counts(d, "ts", f"{where} drops[{j}]")
+    if "window" in a:
+        window = attr(a, "window", dict, where)
+        attr(window, "pushed", int, where, 0)
+        for name in ("covered", "acked", "answered"):
+            counts(window, name, where)
     names = ["w", *(["comm"] if a.get("arrived") else [])]
     names += [f"drop{j}" for j in range(len(a.get("drops", [])))]
     dtype = np.dtype(dtype)

@@ -86,7 +86,7 @@ KEYS = ("recent", "window", "lr", "steps", "probe")
 def check_predictor(cfg: Any, state: Any, block: Any, where: str) -> None:
     """Refuse, before training, a shard's checkpoint without block ``block``'s predictor
     (``cfg.protocol.predict``), or with probe buffers of another shape or dtype."""
-    from pserver.ckpt.files import CheckpointError
+    from pserver.ckpt.files import CheckpointError, attr, counts
 
     saved = state.attrs.get("blocks", {}).get(str(block.index), {}).get("predictor")
     if not isinstance(saved, dict) or any(k not in saved for k in KEYS):
@@ -94,6 +94,20 @@ def check_predictor(cfg: Any, state: Any, block: Any, where: str) -> None:
             f"{where}: the checkpoint lacks block {block.index}'s prediction state "
             "(protocol.predict = true): it was written by a run without it"
         )
+    # types and ranges first: restore_predictor trusts them (issue 22, D4)
+    at = f"{where} block {block.index} predictor"
+    window = attr(saved, "window", int, at, 1)
+    recent = attr(saved, "recent", list, at)
+    if len(recent) > window:
+        raise CheckpointError(f"{at}: {len(recent)} recent values for a window of {window}")
+    for i, v in enumerate(recent):
+        attr({f"recent[{i}]": v}, f"recent[{i}]", float, at)
+    attr(saved, "lr", float, at, 0)
+    attr(saved, "steps", int, at, 0)
+    probe = attr(saved, "probe", list, at)
+    if len(probe) != 3:
+        raise CheckpointError(f"{at}: 'probe' is {probe!r}, expected [origin, steps, due]")
+    counts(saved, "probe", at, -1)  # -1: no probe under way
     if not cfg.protocol.predict_probe:
         return
     for name in probe_arrays(block.index):

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pserver.ckpt.files import CheckpointError, attr, counts
 from pserver.protocols.lockstep import DataQuota
 
 
@@ -37,3 +38,15 @@ def quota_state(
 def restore_quota(quota: DataQuota, attrs: Mapping[str, Any]) -> None:
     """The counts a resumed run's quota starts from."""
     quota.served = {int(i): int(n) for i, n in attrs["computed"].items()}
+
+
+def check_quota(attrs: Mapping[str, Any], where: str) -> None:
+    """Refuse, before training, a saved quota whose types or counts :func:`restore_quota` could
+    not take (issue 22, D4): a kind that is not a string, a count that is not an integer >= 0,
+    or a learner index that is not an integer."""
+    saved = attr(attrs, "quota", dict, where)
+    attr(saved, "kind", str, where)
+    computed = counts(saved, "computed", where)
+    for key in computed:
+        if not str(key).isdigit():
+            raise CheckpointError(f"{where}: the quota names learner {key!r}, not an index")
