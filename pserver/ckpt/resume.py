@@ -18,8 +18,9 @@ they agree on (``pserver.roles.stop_vote``); ADPSGD's free-running learners each
 own step boundary and complete their exchanges with goodbyes. A strategy of a new family is
 refused by :func:`unsupported`'s one line when a checkpoint is asked for (``--resume``), and
 such a run ends a SIGTERM at once, without a checkpoint (the signal's default action), until
-its roles have ``state()`` / ``restore()`` (see ``pserver.ckpt.drivers.end``) and it is listed
-in ``FAMILIES`` (and not in ``NOT_YET``).
+its roles have ``state()`` / ``restore()`` (see ``pserver.ckpt.drivers.end``) and its registry
+descriptor says ``checkpoints=True``; what its learner saves follows from its exchange
+(:data:`LEARNER_RECORDS`).
 
 :func:`open_resume` runs inside ``prepare`` on every rank, so any problem (no checkpoint, a
 corrupt or truncated file, another rank count, a config that changed a key outside
@@ -29,9 +30,12 @@ line and exit status 2 through the start-up agreement (``pserver.runtime.startup
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from pserver.ckpt.files import (
     CheckpointError,
@@ -51,16 +55,12 @@ from pserver.ckpt.records.pipeline import check_pipeline
 from pserver.ckpt.records.prediction import check_predictor
 from pserver.ckpt.records.quota import check_quota
 from pserver.plan.config import Config
-from pserver.strategies import lookup
-from pserver.strategies.base import COLLECTIVE, MODEL_AVERAGING, PARAMETER_SERVER
+from pserver.strategies import lookup, names
+from pserver.strategies.base import LOCAL_STEPS, PS, PS_OVERLAP
+from pserver.strategies.collective import ALLREDUCE, ALLREDUCE_DELAYED, GOSSIP
 from pserver.strategies.serving import serving
 
 CKPT_DIR = "checkpoint"
-# families whose every role has state()/restore()
-FAMILIES = frozenset({PARAMETER_SERVER, COLLECTIVE, MODEL_AVERAGING})
-#: strategies of those families whose learners do not have them yet (none since ADPSGD's
-#: learners got theirs, pserver.ckpt.drivers.gossip)
-NOT_YET: frozenset[str] = frozenset()
 
 
 def checkpoint_dir(out_dir: str | Path) -> Path:
@@ -68,9 +68,10 @@ def checkpoint_dir(out_dir: str | Path) -> Path:
 
 
 def unsupported(cfg: Config) -> str | None:
-    """Why this config cannot be checkpointed (None when it can)."""
+    """Why this config cannot be checkpointed (None when it can): its strategy's descriptor
+    says (``Strategy.checkpoints``)."""
     strategy = lookup(cfg.protocol.name)
-    if strategy.family not in FAMILIES or strategy.name in NOT_YET:
+    if not strategy.checkpoints:
         return f"protocol.name = {cfg.protocol.name!r} ({strategy.family} family)"
     return None
 
@@ -78,26 +79,23 @@ def unsupported(cfg: Config) -> str | None:
 def refuse_unsupported(cfg: Config, what: str) -> None:
     why = unsupported(cfg)
     if why is not None:
+        covered = ", ".join(n for n in names() if lookup(n).checkpoints)
         raise CheckpointError(
-            f"{what}: checkpoints are not supported with {why}; they cover the "
-            "parameter-server strategies (hardsync, softsync, async, ssp, psp, with or without "
-            "protocol.predict, with or without trees or partial pulling, either transport), "
-            "sync, hybrid, adpsgd, bmuf and ma (docs/checkpoints.md)"
+            f"{what}: checkpoints are not supported with {why}; they cover {covered}, with "
+            "every transport, tree and layer of theirs (docs/checkpoints.md)"
         )
 
 
-#: strategies that checkpoint at their end and on a signal, but cannot pause mid-run
-NO_PAUSE = frozenset({"adpsgd"})  # its learners run free: no vote says where all pause
-
-
 def refuse_periodic(cfg: Config) -> None:
-    """``run.checkpoint_interval > 0``: refused as ``--resume`` is, and for :data:`NO_PAUSE`."""
+    """``run.checkpoint_interval > 0``: refused as ``--resume`` is, and for a strategy whose
+    learners cannot pause together (``Strategy.pauses``)."""
     what = f"run.checkpoint_interval = {cfg.run.checkpoint_interval}"
     refuse_unsupported(cfg, what)
-    if cfg.protocol.name in NO_PAUSE:
+    strategy = lookup(cfg.protocol.name)
+    if not strategy.pauses:
         raise CheckpointError(
             f"{what}: periodic checkpoints are not supported with protocol.name = "
-            f"{cfg.protocol.name!r} (its learners pause at no common point); it checkpoints "
+            f"{cfg.protocol.name!r} ({strategy.why_no_pause}); it checkpoints "
             "at its end and on SIGTERM (docs/checkpoints.md)"
         )
 
@@ -213,8 +211,6 @@ def data_fingerprint(X: Any, y: Any) -> str:
     resumed run must train on the very data its checkpoint's sampler indexes."""
     import hashlib
 
-    import numpy as np
-
     h = hashlib.sha256()
     for a in (X, y):
         a = np.ascontiguousarray(a)
@@ -283,8 +279,6 @@ def check_attrs(ctx: Any, state: State, where: str) -> None:
 
 def check_state(ctx: Any) -> None:
     """Refuse, before training, a rank state that does not fit this run's model and data."""
-    import numpy as np
-
     from pserver.optim.rules import make_updater
     from pserver.plan.topology import Role
 
@@ -316,15 +310,9 @@ def check_state(ctx: Any) -> None:
         replay = state.arrays.get("replay")
         if replay is None or replay.ndim != 2 or replay.shape[1] != batch:
             raise CheckpointError(f"{where}: the replayed minibatches are missing or malformed")
-    elif role is Role.LEARNER and lookup(ctx.cfg.protocol.name).lockstep:
-        # SYNC, HYBRID: the learner's model (pserver.ckpt.drivers.lockstep)
-        dtype = np.dtype(ctx.model.dtype)
-        rule = make_updater(ctx.cfg.optim, 1, np, dtype).state_arrays()
-        names = ["w", *(f"opt.{k}" for k in rule)]
-        if ctx.cfg.protocol.name == "hybrid":
-            names.append("pre")
-        for name in names:
-            expect(state, f"exchange.{name}", (ctx.model.n_params,), dtype, where)
+    elif role is Role.LEARNER:  # what its exchange saves (LEARNER_RECORDS)
+        exchange = lookup(ctx.cfg.protocol.name).exchange(ctx.cfg.comm.mode)
+        LEARNER_RECORDS[exchange](ctx, state, where)
     elif role is Role.AGGREGATOR:  # the tree placed by node (pserver.plan.topology.tree_layout)
         saved = state.attrs.get("children")
         now = sorted(ctx.layout.children(ctx.rank))
@@ -335,23 +323,64 @@ def check_state(ctx: Any) -> None:
             )
     elif role is Role.STATS and not ctx.dump_path.is_file():
         raise CheckpointError(f"{where}: the dump {ctx.dump_path} to continue is missing")
-    if (
-        role is Role.LEARNER
-        and lookup(ctx.cfg.protocol.name).family == PARAMETER_SERVER
-        and ctx.cfg.comm.mode != "blocking"
-    ):  # the overlapped learner's pipeline (pserver.ckpt.records.pipeline)
+
+
+# -- the learner's own record, by its exchange (``Strategy.exchanges``) ----------------------
+
+
+def _no_record(ctx: Any, state: State, where: str) -> None:
+    """BMUF's and MA's learners start every block from the shards' model: nothing of theirs."""
+
+
+def _ps_copies(ctx: Any, state: State, where: str) -> None:
+    """Partial pulling keeps the learner's copies and iteration tag
+    (``pserver.ckpt.records.partial_pull``); a plain PS learner keeps nothing."""
+    if keeps_copies(ctx.cfg):
         blocks = [b.index for b in ctx.blocks]
-        check_pipeline(state, ctx.model.n_params, np.dtype(ctx.model.dtype), blocks, where)
-    if (
-        role is Role.LEARNER
-        and lookup(ctx.cfg.protocol.name).family == PARAMETER_SERVER
-        and ctx.cfg.comm.mode == "blocking"
-        and keeps_copies(ctx.cfg)
-    ):  # partial pulling: the copies and the iteration tag (pserver.ckpt.records.partial_pull)
-        blocks = [b.index for b in ctx.blocks]
-        check_copies(state, ctx.model.n_params, np.dtype(ctx.model.dtype), blocks, where)
-    if role is Role.LEARNER and ctx.cfg.protocol.name == "adpsgd":  # pserver.ckpt.records.gossip
-        dtype = np.dtype(ctx.model.dtype)
-        names = list(make_updater(ctx.cfg.optim, 1, np, dtype).state_arrays())
-        learners = len(ctx.layout.learners)
-        check_learner(state, ctx.model.n_params, dtype, names, learners, where)
+        check_copies(state, ctx.model.n_params, np_dtype(ctx), blocks, where)
+
+
+def _ps_pipeline(ctx: Any, state: State, where: str) -> None:
+    """The overlapped learner's pipeline (``pserver.ckpt.records.pipeline``)."""
+    blocks = [b.index for b in ctx.blocks]
+    check_pipeline(state, ctx.model.n_params, np_dtype(ctx), blocks, where)
+
+
+def _lockstep_model(ctx: Any, state: State, where: str, extra: tuple[str, ...] = ()) -> None:
+    """SYNC's learner: its model and optimizer state (``pserver.ckpt.drivers.lockstep``)."""
+    from pserver.optim.rules import make_updater
+
+    dtype = np_dtype(ctx)
+    rule = make_updater(ctx.cfg.optim, 1, np, dtype).state_arrays()
+    for name in ["w", *(f"opt.{k}" for k in rule), *extra]:
+        expect(state, f"exchange.{name}", (ctx.model.n_params,), dtype, where)
+
+
+def _lockstep_delayed(ctx: Any, state: State, where: str) -> None:
+    """HYBRID's: SYNC's, and the model before the last landing (``pre``)."""
+    _lockstep_model(ctx, state, where, ("pre",))
+
+
+def _gossip(ctx: Any, state: State, where: str) -> None:
+    """ADPSGD's learner: model, optimizer state, clocks (``pserver.ckpt.records.gossip``)."""
+    from pserver.optim.rules import make_updater
+
+    dtype = np_dtype(ctx)
+    rule = list(make_updater(ctx.cfg.optim, 1, np, dtype).state_arrays())
+    check_learner(state, ctx.model.n_params, dtype, rule, len(ctx.layout.learners), where)
+
+
+def np_dtype(ctx: Any) -> np.dtype:
+    return np.dtype(ctx.model.dtype)
+
+
+#: learner exchange -> the check of the record it saves: a strategy with one of these exchanges
+#: needs no entry of its own here (a new exchange adds its record's check)
+LEARNER_RECORDS: dict[str, Callable[[Any, State, str], None]] = {
+    PS: _ps_copies,
+    PS_OVERLAP: _ps_pipeline,
+    LOCAL_STEPS: _no_record,
+    ALLREDUCE: _lockstep_model,
+    ALLREDUCE_DELAYED: _lockstep_delayed,
+    GOSSIP: _gossip,
+}

@@ -128,6 +128,15 @@ class Strategy:
     shard_block: str = ""
     # the fewest learners it can run with (checked at start-up, when λ is known)
     min_learners: int = 1
+    #: checkpoints (``pserver.ckpt``): every role of the strategy saves and restores its state
+    #: (``--resume``, the end's and a signal's checkpoint); False: refused with one line, and a
+    #: SIGTERM ends its ranks at once. The learner's own record follows from its exchange
+    #: (``pserver.ckpt.resume.LEARNER_RECORDS``), so nothing else names the strategy.
+    checkpoints: bool = True
+    #: its learners can stop at one step boundary for a periodic checkpoint
+    #: (``run.checkpoint_interval``); when False, ``why_no_pause`` says why
+    pauses: bool = True
+    why_no_pause: str = ""
 
     @property
     def layered(self) -> tuple[Param, ...]:
