@@ -177,10 +177,10 @@ def test_resolve_run_dir_follows_latest_to_the_run_itself(tmp_path, monkeypatch)
         assert resolve_run_dir(str(given)) == str(run.resolve())
     monkeypatch.chdir(tmp_path)  # below the working directory: relative, as a user types it
     assert resolve_run_dir("runs/latest") == "runs/20260101-000000-1"
-    with pytest.raises(CheckpointError, match="no such file"):
+    with pytest.raises(CheckpointError, match="no checkpoint there .runs/nothing does not exist"):
         resolve_run_dir("runs/nothing")
     (runs / "empty").mkdir()
-    with pytest.raises(CheckpointError, match="without a dump"):
+    with pytest.raises(CheckpointError, match="no checkpoint there .* without a dump"):
         resolve_run_dir("runs/empty")
 
 

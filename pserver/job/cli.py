@@ -80,7 +80,7 @@ def parse_args(argv: list[str] | None, rank: int = 0) -> argparse.Namespace:
         args.overrides.insert(0, args.config)  # --resume DIR key=value: no CONFIG
         args.config = None
     if args.config is None and args.resume is None and not console.asked(args):
-        p.error("the following arguments are required: CONFIG (or --resume RUN_DIR)")
+        p.error("the following arguments are required: config (or --resume RUN_DIR)")
     args.given = list(args.overrides)  # the user's own (check_out_dir)
     return args
 

@@ -42,19 +42,20 @@ def resolve_run_dir(given: str) -> str:
     from pserver.stats.runs import resolve_dump
 
     path = Path(given)
+    nothing = f"--resume {given}: no checkpoint there"
     if not path.exists():
-        raise CheckpointError(f"--resume {given}: no such file or directory")
+        raise CheckpointError(f"{nothing} ({given} does not exist)")
     if path.is_dir() and (path / "checkpoint").is_dir():
         run = path  # a run directory, even one whose dump went missing (open_resume says so)
     else:
         try:
             dump = resolve_dump(path)
         except DumpError as e:
-            raise CheckpointError(f"--resume {given}: {e}") from None
+            raise CheckpointError(f"{nothing} (no checkpoint/ in it, and {e})") from None
         if dump.name != DUMP_NAME or not dump.is_file():
             raise CheckpointError(
-                f"--resume {given}: expected a run directory (with {DUMP_NAME} and "
-                "checkpoint/), a directory of runs with a 'latest' link, or a run's dump"
+                f"{nothing}: expected a run directory (with {DUMP_NAME} and checkpoint/), a "
+                "directory of runs with a 'latest' link, or a run's dump"
             )
         run = dump.parent
     real = Path(os.path.realpath(run))
