@@ -26,18 +26,23 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pserver.ckpt.files import CheckpointError, Manifest, latest
-from pserver.ckpt.resume import checkpoint_dir, epochs_done
 from pserver.errors import ConfigError
 from pserver.plan.config import Config, load_config, load_resolved
 from pserver.runtime.rundir import DUMP_NAME
+
+if TYPE_CHECKING:
+    from pserver.ckpt.files import Manifest
+
+# pserver.ckpt and pserver.stats are imported where a resume needs them: they bring h5py, which
+# a run without --resume and ``--dry-run`` (pserver.job.console: imported before MPI) do without
 
 
 def resolve_run_dir(given: str) -> str:
     """The run directory ``given`` names (module docstring), relative to the working directory
     when it lies below it (as the user typed it, links resolved), else absolute."""
+    from pserver.ckpt.files import CheckpointError
     from pserver.dump.reader import DumpError
     from pserver.stats.runs import resolve_dump
 
@@ -67,6 +72,9 @@ def resolve_run_dir(given: str) -> str:
 
 def checkpoint_manifest(run_dir: str, given: str) -> Manifest:
     """The committed ``LATEST`` manifest of ``run_dir`` (``given``: as the user named it)."""
+    from pserver.ckpt.files import CheckpointError, latest
+    from pserver.ckpt.resume import checkpoint_dir
+
     ckpt = checkpoint_dir(run_dir)
     manifest = latest(ckpt)
     if manifest is None:
@@ -112,6 +120,8 @@ class ConfigSource:
 def resumed_line(resume: Any, cfg: Config) -> str:
     """What rank 0 logs at the start of a resumed run: the run, the generation, the epochs
     done of the total, and the restarts counted so far (this one included)."""
+    from pserver.ckpt.resume import epochs_done
+
     done = epochs_done(resume.manifest)
     return (
         f"resumed run {resume.run_dir}: checkpoint generation {resume.manifest.generation}, "
@@ -172,6 +182,9 @@ def continue_command(run_dir: str, world_size: int, environ: Mapping[str, str] |
 def stopped_line(run_dir: str, world_size: int) -> str:
     """What the statistics rank prints when a signal stopped the run and its checkpoint is
     committed (exit status 75)."""
+    from pserver.ckpt.files import latest
+    from pserver.ckpt.resume import checkpoint_dir
+
     manifest = latest(checkpoint_dir(run_dir))
     gen = f"checkpoint generation {manifest.generation}" if manifest else "the checkpoint"
     return (
