@@ -315,8 +315,8 @@ def learner_ranks(
     (:func:`pserver.comm.collectives.learner_comm`, collective on every rank); none when the
     config or the layout is bad, which ``prepare`` then reports on every rank.
 
-    ``load``: the config (``pserver.job.resume_dir.ConfigSource.load``: CONFIG and overrides,
-    or a checkpoint's). The layout is computed again by ``prepare`` from the same config and
+    ``load``: the entry point's config loader (CONFIG and overrides, or a checkpoint's config
+    with ``--resume``). The layout is computed again by ``prepare`` from the same config and
     nodes, so the communicator's members are exactly ``ctx.layout.learners``.
     """
     import warnings
