@@ -234,3 +234,15 @@ def test_the_continue_command_runs_this_program_with_resume():
     assert pserver_words("/nowhere/bin/pserver-run") == ["pserver-run"]
     line = continue_command("runs/a b", 4, {}, cli_file, "/nowhere/python")
     assert line == "mpiexec -n 4 /nowhere/python -m pserver.job.cli --resume 'runs/a b'"
+
+
+def test_under_a_launcher_only_its_rank_0_speaks():
+    """``mpiexec -n 3 pserver-run … --dry-run``: every process answers alone, rank 1 silently
+    with the same exit status (a launcher's variables, as Hydra sets them)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PMI", "HYD", "OMPI"))}
+    for rank, args, code in [(0, ["--list"], 0), (1, ["--list"], 0), (1, ["--dry-run"], 2)]:
+        env = {**base, "PMI_SIZE": "3", "PMI_RANK": str(rank)}
+        done = subprocess.run([sys.executable, "-m", "pserver.job.cli", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=TIMEOUT)  # fmt: skip
+        assert done.returncode == code, done.stderr
+        assert bool(done.stdout + done.stderr) == (rank == 0)

@@ -56,29 +56,34 @@ def asked(args: argparse.Namespace) -> bool:
     return any(getattr(args, o, False) for o in OPTIONS) or getattr(args, "np", None) is not None
 
 
-def handle(args: argparse.Namespace, out: Any = None) -> int:
+def handle(args: argparse.Namespace) -> int:
     """Answer ``--list``, ``--print-config`` or ``--dry-run``; the exit status."""
-    quiet = (launcher_world(os.environ) or (1, 0, ""))[1] != 0  # the launcher's rank 0 speaks
-    out = open(os.devnull, "w") if quiet and out is None else (out or sys.stdout)  # noqa: SIM115
+    speaks = (launcher_world(os.environ) or (1, 0, ""))[1] == 0  # the launcher's rank 0 only
     try:
-        if args.list:
-            out.write(strategies_text())
-            return 0
-        if args.config is None and args.resume is None:
-            raise PserverError("--print-config and --dry-run need CONFIG (or --resume RUN_DIR)")
-        if args.np is not None and not args.dry_run:
-            raise PserverError("--np N goes with --dry-run")
-        from pserver.job.resume_dir import ConfigSource
-
-        cfg = ConfigSource(args.config, args.overrides, args.resume).load()
-        out.write(to_toml(cfg.to_dict()) if args.print_config else dry_run(cfg, args.np))
-        return 0
+        text = answer(args)
     except PserverError as e:
-        if not quiet:
+        if speaks:
             print(f"pserver-run: error: {e}", file=sys.stderr, flush=True)
         return 2
-    finally:
-        out.flush()
+    if speaks:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    return 0
+
+
+def answer(args: argparse.Namespace) -> str:
+    """The text of ``--list``, ``--print-config`` or ``--dry-run``; ``PserverError`` on bad
+    input."""
+    if args.list:
+        return strategies_text()
+    if args.config is None and args.resume is None:
+        raise PserverError("--print-config and --dry-run need CONFIG (or --resume RUN_DIR)")
+    if args.np is not None and not args.dry_run:
+        raise PserverError("--np N goes with --dry-run")
+    from pserver.job.resume_dir import ConfigSource
+
+    cfg = ConfigSource(args.config, args.overrides, args.resume).load()
+    return to_toml(cfg.to_dict()) if args.print_config else dry_run(cfg, args.np)
 
 
 # -- --list -----------------------------------------------------------------------------------
