@@ -50,13 +50,18 @@ def test_one_rank_allreduce_leaves_the_array(staging):
 
 
 def test_learner_ranks_follow_the_layout_and_are_empty_for_bad_input(tmp_path):
+    from pserver.plan.config import load_config
     from pserver.runtime.context import learner_ranks
 
     cfg = str(ROOT / "examples" / "quickstart.toml")
-    assert learner_ranks(cfg, [], 7, [0] * 7) == (3, 4, 5, 6)  # 1 shard, stats, data, 4
-    assert learner_ranks(cfg, ["cluster.servers=2"], 7, [0] * 7) == (4, 5, 6)
-    assert learner_ranks(cfg, [], 2, [0] * 2) == ()  # too few ranks: prepare says so
-    assert learner_ranks(str(tmp_path / "missing.toml"), [], 7, [0] * 7) == ()
+
+    def load(path: str, *overrides: str):  # noqa: ANN202 - the loader of a config
+        return lambda: load_config(path, list(overrides))
+
+    assert learner_ranks(load(cfg), 7, [0] * 7) == (3, 4, 5, 6)  # 1 shard, stats, data, 4
+    assert learner_ranks(load(cfg, "cluster.servers=2"), 7, [0] * 7) == (4, 5, 6)
+    assert learner_ranks(load(cfg), 2, [0] * 2) == ()  # too few ranks: prepare says so
+    assert learner_ranks(load(str(tmp_path / "missing.toml")), 7, [0] * 7) == ()
 
 
 def test_gpu_arrays_are_staged_unless_mpi_is_cuda_aware():

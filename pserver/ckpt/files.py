@@ -391,11 +391,12 @@ def flatten(config: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def check_compatible(
-    saved: Mapping[str, Mapping[str, Any]], new: Mapping[str, Mapping[str, Any]]
+    saved: Mapping[str, Mapping[str, Any]], new: Mapping[str, Mapping[str, Any]], hint: str = ""
 ) -> None:
     """Refuse a resume whose config changes a key outside :data:`MAY_CHANGE`.
 
-    ``saved``, ``new``: ``Config.to_dict()`` of the checkpointed and the resuming run.
+    ``saved``, ``new``: ``Config.to_dict()`` of the checkpointed and the resuming run;
+    ``hint``: appended to the refusal (how to resume instead).
     """
     old, now = flatten(saved), flatten(new)
     changed = sorted(k for k in old.keys() | now.keys() if old.get(k) != now.get(k))
@@ -405,5 +406,5 @@ def check_compatible(
         more = f" and {len(refused) - 4} more" if len(refused) > 4 else ""
         raise CheckpointError(
             f"--resume: the config differs from the checkpointed run's in {shown}{more}; "
-            f"a resumed run may change only {', '.join(sorted(MAY_CHANGE))}"
+            f"a resumed run may change only {', '.join(sorted(MAY_CHANGE))}{hint}"
         )

@@ -136,8 +136,18 @@ class Resume:
         return float(self.manifest.extra.get("elapsed", 0.0))
 
 
-def open_resume(run_dir: str, cfg: Config, world_size: int, rank: int, role: str) -> Resume:
-    """Read and check this rank's part of the checkpoint in ``run_dir`` (every rank)."""
+#: what a refused config says when it came from a CONFIG file given beside ``--resume``
+OMIT_CONFIG = (
+    "; or leave CONFIG out: `pserver-run --resume RUN_DIR [key=value ...]` takes the "
+    "checkpointed run's own config, overrides included"
+)
+
+
+def open_resume(
+    run_dir: str, cfg: Config, world_size: int, rank: int, role: str, from_file: bool = True
+) -> Resume:
+    """Read and check this rank's part of the checkpoint in ``run_dir`` (every rank);
+    ``from_file``: ``cfg`` was loaded from a CONFIG file (else from the checkpoint itself)."""
     refuse_unsupported(cfg, f"--resume {run_dir}")
     ckpt = checkpoint_dir(run_dir)
     manifest = latest(ckpt)
@@ -151,7 +161,7 @@ def open_resume(run_dir: str, cfg: Config, world_size: int, rank: int, role: str
             f"--resume {run_dir}: the checkpoint was written by {manifest.world_size} ranks, "
             f"this job has {world_size}: launch it with mpiexec -n {manifest.world_size}"
         )
-    check_compatible(manifest.config, cfg.to_dict())
+    check_compatible(manifest.config, cfg.to_dict(), OMIT_CONFIG if from_file else "")
     check_epochs(manifest, cfg, run_dir)
     path = rank_file(ckpt, manifest.generation, rank)
     if not path.exists():

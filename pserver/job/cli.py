@@ -1,5 +1,9 @@
 """``pserver-run CONFIG.toml [section.key=value ...]``: what every rank runs under mpiexec.
 
+``--resume RUN_DIR`` (CONFIG optional) continues a checkpointed run (``pserver.job.resume_dir``);
+``--list``, ``--print-config`` and ``--dry-run`` are answered in one process before MPI starts
+(``pserver.job.console``), so this module imports ``mpi4py.MPI`` only inside :func:`main`.
+
 Start-up is two-phase: every rank validates everything (config, rank count, dataset, output
 directory, memory) and the ranks agree on the outcome before anyone trains (``startup.agree``),
 so bad input ends the job with one message and exit code 2 on every rank, and any other failure
@@ -10,24 +14,25 @@ any rank aborts the whole job with a message naming the rank and host: never a h
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import sys
 import time
 import traceback
 from dataclasses import asdict
+from pathlib import Path
 from typing import IO
 
 from pserver import __version__
-from pserver.comm.waiting import PeerLog, Waiter
 from pserver.errors import PeerLost, RunError
+from pserver.job import console
 from pserver.job.launchcheck import lone_rank
-from pserver.plan.config import CommConfig, load_config, unread
+from pserver.job.resume_dir import ConfigSource, resumed_line, stopped_line
+from pserver.plan.config import CommConfig, unread
 from pserver.plan.topology import Role
 from pserver.plan.unused import unread_line
 from pserver.runtime.logs import setup_logging, wait_until_read
 from pserver.runtime.rundir import run_id
-from pserver.runtime.startup import agree, failure_message, outcome, status_of
+from pserver.runtime.signals import STOPPED
 from pserver.strategies import LOCAL_STEPS, PS, PS_OVERLAP, lookup
 from pserver.strategies.adpsgd import GOSSIP
 from pserver.strategies.collective import ALLREDUCE, ALLREDUCE_DELAYED
@@ -52,7 +57,9 @@ def parse_args(argv: list[str] | None, rank: int = 0) -> argparse.Namespace:
         epilog="example: mpiexec -n 7 pserver-run examples/quickstart.toml protocol.name=softsync",
     )
     p.quiet = rank != 0
-    p.add_argument("config", help="TOML config file (docs/config.md lists every key)")
+    p.add_argument("config", nargs="?",
+                   help="TOML config file (docs/config.md lists every key); with --resume, "
+                        "optional: the checkpoint holds the run's config")
     p.add_argument(
         "overrides",
         nargs="*",
@@ -62,15 +69,30 @@ def parse_args(argv: list[str] | None, rank: int = 0) -> argparse.Namespace:
     p.add_argument(
         "--resume",
         metavar="RUN_DIR",
-        help="continue the run whose dump and checkpoint/ are in RUN_DIR (docs/checkpoints.md)",
+        help="continue the run in RUN_DIR (a run directory, a directory of runs or its "
+             "'latest' link) with its checkpoint's config (docs/checkpoints.md)",
     )
+    console.add_options(p)
     p.add_argument("--version", action="version", version=f"pserver {__version__}")
     args = p.parse_intermixed_args(argv)  # CONFIG --resume DIR key=value: any order
-    args.given = list(args.overrides)  # before --resume adds its own (check_out_dir)
-    if args.resume is not None:  # the dump continues in place, next to the checkpoint
-        args.overrides = [*args.overrides, f"run.out_dir={json.dumps(args.resume)}",
-                          "run.overwrite=true"]
+    if args.config is not None and "=" in args.config and not Path(args.config).is_file():
+        args.overrides.insert(0, args.config)  # --resume DIR key=value: no CONFIG
+        args.config = None
+    if args.config is None and args.resume is None and not console.asked(args):
+        p.error("the following arguments are required: config (or --resume RUN_DIR)")
+    args.given = list(args.overrides)  # the user's own (check_out_dir)
     return args
+
+
+def console_first(argv: list[str] | None) -> int | None:
+    """``--list``, ``--print-config``, ``--dry-run``: answered here, before MPI starts (its
+    exit status); None for a run. A command line that does not parse is left to :func:`main`,
+    whose rank 0 says why once MPI gave the ranks."""
+    try:
+        args = parse_args(argv, rank=1)  # quiet
+    except SystemExit:
+        return None
+    return console.handle(args) if console.asked(args) else None
 
 
 def out_dir_overrides(overrides: list[str], name: str, rid: str) -> list[str]:
@@ -84,7 +106,13 @@ def out_dir_overrides(overrides: list[str], name: str, rid: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    early = console_first(argv)
+    if early is not None:
+        return early
     from mpi4py import MPI
+
+    from pserver.comm.waiting import PeerLog, Waiter
+    from pserver.runtime.startup import agree, failure_message, outcome, status_of
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
@@ -100,16 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     local, nodes, roster = local_rank(world)  # collective: before anything may fail on one rank
     # one run id for every rank (its run directory, pserver.runtime.rundir): rank 0's, collectively
     rid = world.bcast(run_id() if rank == 0 else None, root=0)
-    learners = learner_comm(world, learner_ranks(args.config, args.overrides, size, nodes))
+    source = ConfigSource(args.config, args.overrides, args.resume)
+    learners = learner_comm(world, learner_ranks(source.load, size, nodes))
     peers = PeerLog(roster)
     log = setup_logging(rank, "starting")
     ctx, error, comm = None, None, CommConfig()
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = source.load()
         if args.resume is not None:
             from pserver.ckpt.resume import check_out_dir
 
-            check_out_dir(args.resume, out_dir_overrides(args.given, cfg.run.name, rid))
+            check_out_dir(source.run_dir(), out_dir_overrides(args.given, cfg.run.name, rid))
         comm = cfg.comm
         log = setup_logging(rank, "starting", cfg.run.log_level)
         if rank == 0 and unread(cfg):  # once per run: a comparison's file, not a mistake
@@ -121,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.resume is not None:
             from pserver.ckpt.resume import check_state, open_resume
 
-            ctx.resume = open_resume(args.resume, cfg, size, rank, ctx.role.value)
+            ctx.resume = open_resume(source.run_dir(), cfg, size, rank, ctx.role.value,
+                                     from_file=args.config is not None)
             check_state(ctx)
         if cfg.model.init_from and args.resume is None:  # a resume's w0 is its checkpoint's
             from pserver.ckpt.warm_start import load_initial_weights
@@ -161,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1  # not reached: Abort ends every rank
     if ctx.learner_comm is not None:  # every learner gets here once its run has ended
         ctx.learner_comm.Free()
+    if code == STOPPED and ctx.role is Role.STATS:  # the rank that committed the checkpoint
+        print(stopped_line(ctx.cfg.run.out_dir, size), file=sys.stderr, flush=True)
     return code
 
 
@@ -211,6 +243,8 @@ def run(ctx, world) -> int:  # noqa: ANN001 - Context and MPI.Comm, imported laz
     ctx.log = setup_logging(ctx.rank, ctx.layout.describe(ctx.rank), ctx.cfg.run.log_level)
     if ctx.rank == 0:
         log_provenance(ctx)
+        if ctx.resume is not None:
+            ctx.log.info("%s", resumed_line(ctx.resume, ctx.cfg))
         if ctx.w0 is not None:
             ctx.log.info("initial weights: the final model of %s (model.init_from)",
                          ctx.cfg.model.init_from)  # fmt: skip

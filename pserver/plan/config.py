@@ -315,6 +315,14 @@ def _load(path: str | Path | None, overrides: list[str] | tuple[str, ...]) -> Co
             raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
         except OSError as e:
             raise ConfigError(f"config file {str(p)!r} cannot be read: {e.strerror}") from None
+    typed = apply_overrides(raw, overrides)
+    cfg = build(raw)
+    cfg.overridden = frozenset(typed)
+    return validate(cfg)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> set[str]:
+    """Set each ``section.key=value`` of ``overrides`` in the tables ``raw``; the keys typed."""
     typed = set()
     for item in overrides:
         key, value = parse_override(item)
@@ -324,8 +332,24 @@ def _load(path: str | Path | None, overrides: list[str] | tuple[str, ...]) -> Co
             raise ConfigError(f"{section!r} must be a table, not {raw[section]!r}")
         raw[section][name] = value
         typed.add(key)
+    return typed
+
+
+def load_resolved(
+    tables: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()
+) -> Config:
+    """The config of a resolved ``Config.to_dict()`` (a checkpoint's) with ``overrides`` on
+    top. Only the overrides count as given: the tables are a validated run's whole config, not
+    a file a user wrote, so none of their keys is listed as unread or set aside again."""
+    import copy
+
+    raw = copy.deepcopy(tables)
+    try:
+        typed = apply_overrides(raw, overrides)
+    except RecursionError:  # as load_config: an override nested thousands of levels deep
+        raise ConfigError("an override nests lists or tables thousands of levels deep") from None
     cfg = build(raw)
-    cfg.overridden = frozenset(typed)
+    cfg.given = cfg.overridden = frozenset(typed)
     return validate(cfg)
 
 

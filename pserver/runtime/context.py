@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -318,22 +319,21 @@ def local_rank(comm: Any) -> tuple[tuple[int, int], list[int], Roster]:
 
 
 def learner_ranks(
-    path: str, overrides: list[str], world_size: int, nodes: list[int]
+    load: Callable[[], Config], world_size: int, nodes: list[int]
 ) -> tuple[int, ...]:
     """The learners' ranks, for the communicator built before validation
     (:func:`pserver.comm.collectives.learner_comm`, collective on every rank); none when the
     config or the layout is bad, which ``prepare`` then reports on every rank.
 
-    The layout is computed again by ``prepare`` from the same file, overrides and nodes, so the
-    communicator's members are exactly ``ctx.layout.learners``.
+    ``load``: the entry point's config loader (CONFIG and overrides, or a checkpoint's config
+    with ``--resume``). The layout is computed again by ``prepare`` from the same config and
+    nodes, so the communicator's members are exactly ``ctx.layout.learners``.
     """
     import warnings
-
-    from pserver.plan.config import load_config
 
     try:
         with warnings.catch_warnings():  # said once, when prepare loads the config again
             warnings.simplefilter("ignore")
-            return make_layout(world_size, load_config(path, overrides), nodes).learners
+            return make_layout(world_size, load(), nodes).learners
     except Exception:  # noqa: BLE001 - reported by prepare, after the collective calls
         return ()
