@@ -124,8 +124,11 @@ def test_a_watch_that_names_a_reason_kills_the_job_before_its_timeout(tmp_path):
     def watch() -> str | None:
         asked.append(1)
         # the reason comes once the child's pid is in the log (a loaded machine takes a while
-        # to start the two Pythons), and not at the first look: the watch is asked again
-        started = len(log.read_text().splitlines()) >= 2 if log.exists() else False
+        # to start the two Pythons), and not at the first look: the watch is asked again. The
+        # log's first lines are the command, itself several lines long: the pid is the line
+        # of digits after it
+        text = log.read_text().splitlines() if log.exists() else []
+        started = len(text) > 1 and text[-1].strip().isdigit()
         return "stuck after its last epoch" if started and len(asked) >= 2 else None
 
     res = launch.run([sys.executable, "-c", PARENT], timeout=600, log=log, watch=watch, poll=0.2)
