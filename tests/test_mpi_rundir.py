@@ -30,11 +30,13 @@ def test_the_same_command_twice_keeps_both_runs_and_links_the_latest(tmp_path):
     assert os.readlink(runs / "latest") == "two"
     for rid in ("one", "two"):
         assert load_dump(runs / rid / "stats.h5").attrs["run_dir"] == f"runs/quickstart/{rid}"
-    # the start-up log: the layout in one line (issue 25); the per-host role table is the debug
-    # log's on one host
+    # the start-up log: the layout in one line (issue 25), and one line per host with every
+    # rank's role and PID, which is how the launcher names a rank it saw die (issue 22, D5)
     line = "layout: hardsync, λ = 1 learner (rank 3), 1 shard (rank 0), stats rank 1"
     assert line in first.output
-    assert f"host {socket.gethostname()}: 4 ranks" not in first.output
+    table = f"host {socket.gethostname()}: 4 ranks"
+    hosts = [ln for ln in first.output.splitlines() if table in ln]
+    assert len(hosts) == 1 and hosts[0].count("(pid ") == 4, first.output
     stats = subprocess.run(
         [sys.executable, "-m", "pserver.stats.cli", "check", str(runs)],
         capture_output=True, text=True, timeout=60,
