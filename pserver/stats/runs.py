@@ -13,9 +13,11 @@ Anything else is a :class:`~pserver.dump.reader.DumpError` naming what was looke
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
-from pserver.dump.reader import Dump, DumpError, load_dump
+from pserver.dump.reader import Dump, DumpError, load_dump, summarize
 from pserver.runtime.rundir import (  # one spelling of the names a run directory has
     DUMP_NAME,
     LATEST,
@@ -48,3 +50,9 @@ def resolve_dump(run: str | Path) -> Path:
 def load_run(run: str | Path) -> Dump:
     """:func:`~pserver.dump.reader.load_dump` of :func:`resolve_dump` (``run``)."""
     return load_dump(resolve_dump(run))
+
+
+def summary_json(run: str | Path) -> dict[str, Any]:
+    """The summary of ``run`` as ``pserver-stats summary --json`` prints it: JSON's types
+    (string keys, lists for tuples), so the API's dictionary and the printed one are equal."""
+    return json.loads(json.dumps(summarize(load_run(run))))
