@@ -151,6 +151,7 @@ def execute(
     with contextlib.ExitStack() as stack:
         sink = None
         if log is not None:
+            Path(log).parent.mkdir(parents=True, exist_ok=True)
             sink = stack.enter_context(open(log, "w"))
             sink.write(f"$ {shlex.join(cmd)}\n")
             sink.flush()
