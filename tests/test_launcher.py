@@ -50,6 +50,10 @@ def test_the_launcher_follows_the_environment(monkeypatch):
     monkeypatch.setattr(launcher, "is_openmpi", lambda: True)
     assert launcher.prefix(5, {"SLURM_JOB_ID": "12"})[:2] == ["srun", "--mpi=pmix"]
     assert launcher.prefix(3, {})[1:] == ["-n", "3"]  # the .venv's mpiexec
+    # srun kills its tasks on SIGTERM: signals go through slurmd; a group signal elsewhere
+    assert launcher.resolve(QUICKSTART, 2, (), {"SLURM_JOB_ID": "12"}).signaller == [
+        "scancel", "--signal={sig}", "12"]
+    assert launcher.resolve(QUICKSTART, 2, (), {**mpiexec, "SLURM_JOB_ID": "12"}).signaller is None
 
 
 def test_the_run_directory_is_known_before_the_launch(tmp_path):
@@ -142,15 +146,16 @@ EXECUTOR = (
     "if sys.argv[1] == 'ignore':  # inherited through exec: ignored from the job's first instant\n"
     "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
     "timeout = float(sys.argv[2]) if sys.argv[2] != 'none' else None\n"
-    "out = execute([sys.executable, '-c', sys.argv[3], sys.argv[1]], timeout=timeout, grace=1)\n"
+    "out = execute([sys.executable, '-c', sys.argv[3], sys.argv[1]], timeout=timeout, grace=1,\n"
+    "              signaller=sys.argv[4:] or None)\n"
     "print('exit', out.returncode, out.reason, flush=True)\n"
     "sys.exit(out.returncode)\n"
 )
 
 
-def executor(how: str, timeout: str = "none") -> subprocess.Popen:
+def executor(how: str, timeout: str = "none", signaller: tuple[str, ...] = ()) -> subprocess.Popen:
     proc = subprocess.Popen(
-        [sys.executable, "-c", EXECUTOR, how, timeout, JOB], cwd=ROOT, text=True,
+        [sys.executable, "-c", EXECUTOR, how, timeout, JOB, *signaller], cwd=ROOT, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
@@ -187,3 +192,14 @@ def test_past_its_timeout_a_job_is_stopped_then_killed():
     rc, out, err = finish(executor("ignore", timeout="0.5"))
     assert rc == launcher.TIMED_OUT and "timed out after 0.5 s; killed" in out, (out, err)
     assert "passing SIGTERM to the job" in err
+
+
+def test_under_srun_a_signal_goes_through_the_signaller(tmp_path):
+    fake = tmp_path / "scancel"  # records how it was asked, signals nothing
+    fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/asked\n')
+    fake.chmod(0o755)
+    proc = executor("ignore", signaller=(str(fake), "--signal={sig}", "12"))
+    proc.send_signal(signal.SIGTERM)
+    rc, out, err = finish(proc)
+    assert (tmp_path / "asked").read_text() == "--signal=TERM 12\n"
+    assert rc == 128 + signal.SIGKILL and "got SIGTERM; killed" in out, (out, err)

@@ -131,7 +131,7 @@ def test_finished_runs_are_not_run_again(tmp_path, monkeypatch):
                     "strategies": {"hardsync": {}}})
     ran: list[str] = []
 
-    def fake_run(cmd, env=None, timeout=None, grace=0, log=None):  # a job that writes its dump
+    def fake_run(cmd, env=None, timeout=None, grace=0, log=None, signaller=None):  # writes a dump
         out = next(a.split("=", 1)[1] for a in cmd if a.startswith("run.out_dir="))
         lr = float(next(a.split("=", 1)[1] for a in cmd if a.startswith("optim.lr=")))
         ran.append(Path(out).relative_to(tmp_path / "runs").as_posix())
@@ -164,7 +164,7 @@ def test_a_diverged_rate_loses_the_sweep_and_is_not_run_again(tmp_path, monkeypa
                     "strategies": {"async": {}}})
     ran: list[str] = []
 
-    def fake_run(cmd, env=None, timeout=None, grace=0, log=None):
+    def fake_run(cmd, env=None, timeout=None, grace=0, log=None, signaller=None):
         out = Path(next(a.split("=", 1)[1] for a in cmd if a.startswith("run.out_dir=")))
         ran.append(out.name)
         if "optim.lr=9.0" in cmd:  # what pserver-run prints when the loss becomes NaN

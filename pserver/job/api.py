@@ -111,7 +111,7 @@ def run(
         plan = launcher.resolve(config, learners, args, environ, rid)
     else:  # a fresh id per call: two runs never share a directory
         plan = fresh(config, learners, args, environ)
-    out = launcher.execute(plan.cmd, plan.env, timeout, grace, log)
+    out = launcher.execute(plan.cmd, plan.env, timeout, grace, log, plan.signaller)
     r = Run(plan.run_dir.resolve(), out.returncode, out.reason, plan.command, seconds=out.seconds)
     if log is not None:
         r.output = Path(log).read_text(errors="replace")

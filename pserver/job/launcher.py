@@ -10,9 +10,10 @@ The job is started by
 * else the ``mpiexec`` beside this Python (:func:`pserver.job.launch.launcher`).
 
 Every rank runs this Python's ``-m pserver.job.cli``: the same environment as the launcher's.
-The job runs in a process group of its own. SIGINT and SIGTERM are passed on to that group, so
-every rank checkpoints and the run exits 75 (docs/checkpoints.md); ``--grace`` seconds later, or
-at a second signal, the group is killed. Past ``--timeout`` the job gets SIGTERM the same way.
+The job runs in a process group of its own. SIGINT and SIGTERM are passed on to that group (under
+``srun`` through ``scancel --signal``: :func:`signaller`), so every rank checkpoints and the run
+exits 75 (docs/checkpoints.md); ``--grace`` seconds later, or at a second signal, the group is
+killed. Past ``--timeout`` the job gets SIGTERM the same way.
 The output streams through; the exit status is the job's (128 + n for a job killed by signal
 n, 124 for one killed past its timeout). Bad input is one ``pserver-launch: error:`` line and
 exit 2, before anything is started.
@@ -58,6 +59,7 @@ class Plan:
     cmd: list[str]
     env: dict[str, str]
     run_dir: Path
+    signaller: list[str] | None = None  # how a signal reaches the ranks (None: their group)
 
     @property
     def command(self) -> str:
@@ -113,8 +115,9 @@ def resolve(
     env[RUN_ID_VAR] = rid or run_id(env)
     env.setdefault("PYTHONUNBUFFERED", "1")  # progress lines as they come, not at the end
     out, _ = expand(cfg.run.out_dir, cfg.run.name, env[RUN_ID_VAR])
-    cmd = [*prefix(n, env), *launch.pserver_cli(), str(config), *given]
-    return Plan(cfg, n, cmd, env, Path(out))
+    head = prefix(n, env)
+    cmd = [*head, *launch.pserver_cli(), str(config), *given]
+    return Plan(cfg, n, cmd, env, Path(out), signaller(head, env))
 
 
 def prefix(n: int, environ: Mapping[str, str]) -> list[str]:
@@ -122,6 +125,16 @@ def prefix(n: int, environ: Mapping[str, str]) -> list[str]:
     if environ.get(launch.MPIEXEC_VAR, "").strip() or not environ.get("SLURM_JOB_ID"):
         return launch.mpi_command(n, [], launch.launcher(environ))
     return ["srun", f"--mpi={'pmix' if is_openmpi() else 'pmi2'}", "-n", str(n)]
+
+
+def signaller(head: Sequence[str], environ: Mapping[str, str]) -> list[str] | None:
+    """How to pass a signal to the ranks: under ``srun`` through slurmd (``scancel
+    --signal=SIG JOB``, ``{sig}`` the signal's name), because ``srun`` itself ends its tasks
+    with SIGKILL when it gets SIGTERM, so no rank could checkpoint (``scripts/pserver.slurm``
+    does the same); None elsewhere: the job's process group gets the signal directly."""
+    if head[0] != "srun":
+        return None
+    return ["scancel", "--signal={sig}", environ["SLURM_JOB_ID"]]
 
 
 def is_openmpi() -> bool:
@@ -140,6 +153,7 @@ def execute(
     timeout: float | None = None,
     grace: float = GRACE,
     log: str | Path | None = None,
+    signaller: Sequence[str] | None = None,
 ) -> Outcome:
     """Run ``cmd`` in its own process group until it ends (module docstring: signals, timeout).
 
@@ -164,7 +178,7 @@ def execute(
         except OSError as e:
             why = f"cannot start {cmd[0]!r} ({e}); set {launch.MPIEXEC_VAR}?"
             raise launch.LaunchError(why) from None
-        guard = Guard(proc, grace)
+        guard = Guard(proc, grace, signaller)
         stack.enter_context(guard.forwarding())
         guard.wait(None if timeout is None else t0 + timeout, timeout)
     out = guard.outcome
@@ -175,8 +189,10 @@ def execute(
 class Guard:
     """Passes signals on to a job's process group and kills it when it outlives its grace."""
 
-    def __init__(self, proc: subprocess.Popen, grace: float) -> None:
-        self.proc, self.grace = proc, grace
+    def __init__(
+        self, proc: subprocess.Popen, grace: float, signaller: Sequence[str] | None = None
+    ) -> None:
+        self.proc, self.grace, self.signaller = proc, grace, signaller
         self.kill_at: float | None = None  # once a signal was passed on: when to kill
         self.outcome = Outcome(0)
 
@@ -207,8 +223,18 @@ class Guard:
               "running)", file=sys.stderr, flush=True)  # fmt: skip
         self.outcome.stopped.append(why)
         self.kill_at = time.monotonic() + self.grace
+        if self.signaller and self.signal_through(name):
+            return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signum)
+
+    def signal_through(self, name: str) -> bool:
+        """``signaller`` with the signal's name (``TERM``) for ``{sig}``; whether it worked."""
+        cmd = [a.replace("{sig}", name.removeprefix("SIG")) for a in self.signaller]
+        try:
+            return subprocess.run(cmd, capture_output=True, timeout=30).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
 
     def kill(self) -> None:
         self.outcome.killed = True
@@ -269,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{plan.cfg.protocol.name}); run directory {plan.run_dir}\n$ {plan.command}",
           file=sys.stderr, flush=True)  # fmt: skip
     try:
-        out = execute(plan.cmd, plan.env, args.timeout, args.grace)
+        out = execute(plan.cmd, plan.env, args.timeout, args.grace, signaller=plan.signaller)
     except launch.LaunchError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
