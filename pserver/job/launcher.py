@@ -46,7 +46,7 @@ from pserver.runtime.rundir import RUN_ID_VAR, expand, run_id
 PROG = "pserver-launch"
 GRACE = 60.0  # seconds a signalled job has to checkpoint and exit before it is killed
 TIMED_OUT = 124  # the exit status of a job killed past its timeout, as timeout(1) gives
-POLL = 1.0  # seconds between looks at a running job (the wait itself sleeps in the kernel)
+POLL = 1.0  # seconds between looks at the deadlines (Popen.wait sleeps, backing off to 50 ms)
 FORWARDED = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -180,6 +180,7 @@ def execute(
             raise launch.LaunchError(why) from None
         guard = Guard(proc, grace, signaller)
         stack.enter_context(guard.forwarding())
+        stack.callback(guard.reap)  # whatever goes wrong here, the job does not outlive it
         guard.wait(None if timeout is None else t0 + timeout, timeout)
     out = guard.outcome
     out.seconds = time.monotonic() - t0
@@ -236,6 +237,12 @@ class Guard:
         except (OSError, subprocess.TimeoutExpired):
             return False
 
+    def reap(self) -> None:
+        """Kill the job if it still runs (an exception left :meth:`wait`), and wait for it."""
+        if self.proc.poll() is None:
+            self.kill()
+            self.proc.wait()
+
     def kill(self) -> None:
         self.outcome.killed = True
         with contextlib.suppress(ProcessLookupError):
@@ -272,7 +279,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="stop the job after S seconds (SIGTERM, then SIGKILL after --grace)")
     p.add_argument("--grace", type=float, default=GRACE, metavar="S",
                    help=f"seconds a stopped job has to checkpoint before it is killed ({GRACE:g})")
-    p.add_argument("--print-command", "--dry-run", action="store_true",
+    p.add_argument("--print-command", action="store_true",
                    help="print the command and the run directory, start nothing")
     p.add_argument("--np-only", action="store_true", help="print the world size only")
     return p.parse_intermixed_args(argv)  # overrides before and after the options
