@@ -46,7 +46,7 @@ from pserver.runtime.rundir import RUN_ID_VAR, expand, run_id
 PROG = "pserver-launch"
 GRACE = 60.0  # seconds a signalled job has to checkpoint and exit before it is killed
 TIMED_OUT = 124  # the exit status of a job killed past its timeout, as timeout(1) gives
-POLL = 1.0  # seconds between looks at the deadlines (Popen.wait sleeps, backing off to 50 ms)
+POLL = 1.0  # seconds between looks at the deadlines (Popen.wait sleeps meanwhile)
 FORWARDED = (signal.SIGINT, signal.SIGTERM)
 
 
