@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -116,8 +117,6 @@ def run(
     if log is not None:
         r.output = Path(log).read_text(errors="replace")
     if out.signalled is not None:  # the job has ended: now stop the caller as it asked
-        import signal
-
         signal.raise_signal(out.signalled)
     return r
 
