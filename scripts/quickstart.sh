@@ -14,5 +14,5 @@ mpiexec -n 7 pserver-run examples/quickstart.toml "$@"
 pserver-stats summary "$out"
 pserver-stats plot "$out" -o "$out"
 echo
-echo "dump:  $out/stats.h5   (pserver-stats summary $out; h5dump -H $out/stats.h5)"
+echo "dump:  $out/stats.h5   (pserver-stats summary $out; pserver-stats export $out --csv DIR)"
 echo "plots: $out/staleness.png $out/test_error.png $out/train_loss.png"

@@ -41,7 +41,8 @@ def test_the_same_command_twice_keeps_both_runs_and_links_the_latest(tmp_path):
         [sys.executable, "-m", "pserver.stats.cli", "check", str(runs)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert stats.returncode == 0 and "latest/stats.h5: consistent" in stats.stdout, stats
+    # the run `latest` pointed at, named as itself (issue 24 item 6)
+    assert stats.returncode == 0 and f"{runs}/two/stats.h5: consistent" in stats.stdout, stats
 
 
 def test_without_an_id_every_rank_agrees_on_rank_0s_start_time(tmp_path):

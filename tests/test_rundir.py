@@ -60,7 +60,8 @@ def test_find_dump_takes_a_file_a_run_directory_or_a_directory_of_runs(tmp_path)
     point_latest(tmp_path / "q" / "latest", run)
     assert find_dump(run / "stats.h5") == run / "stats.h5"
     assert find_dump(run) == run / "stats.h5"
-    assert find_dump(tmp_path / "q") == tmp_path / "q" / "latest" / "stats.h5"
+    for latest in (tmp_path / "q", tmp_path / "q" / "latest", tmp_path / "q/latest/stats.h5"):
+        assert find_dump(latest) == run / "stats.h5"  # the run itself, never latest/
     assert find_dump(tmp_path / "none") == tmp_path / "none"  # the reader says why
 
 

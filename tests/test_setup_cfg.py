@@ -80,7 +80,7 @@ def imported_modules() -> set[str]:
 
 
 def test_there_are_console_scripts():
-    names = ["pserver-run", "pserver-stats", "pserver-study"]
+    names = ["pserver-run", "pserver-stats", "pserver-study", "pserver-launch"]
     assert [name for name, _, _ in entry_points()] == names
 
 

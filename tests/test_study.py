@@ -12,6 +12,7 @@ import pytest
 from mpirun import QUICKSTART
 
 from pserver.errors import ConfigError
+from pserver.job import launcher
 from pserver.job import study as job
 from pserver.plan import study as plan
 from pserver.plan.config import load_config
@@ -130,14 +131,15 @@ def test_finished_runs_are_not_run_again(tmp_path, monkeypatch):
                     "strategies": {"hardsync": {}}})
     ran: list[str] = []
 
-    def fake_run(cmd, timeout, *, env=None, log=None, **kw):  # a job that writes its dump
+    def fake_run(cmd, env=None, timeout=None, grace=0, log=None, signaller=None):  # writes a dump
         out = next(a.split("=", 1)[1] for a in cmd if a.startswith("run.out_dir="))
         lr = float(next(a.split("=", 1)[1] for a in cmd if a.startswith("optim.lr=")))
         ran.append(Path(out).relative_to(tmp_path / "runs").as_posix())
         fake_dump(Path(out) / "stats.h5", [0.5, 0.1 + lr, 0.4])
-        return job.launch.Completed(0, "", "", list(cmd))
+        Path(log).write_text("")
+        return launcher.Outcome(0)
 
-    monkeypatch.setattr(job.launch, "run", fake_run)
+    monkeypatch.setattr(launcher, "execute", fake_run)
     fake_dump(tmp_path / "runs/hardsync/sweep-lr0.2-seed1/stats.h5", [0.9], finished=False)
     fake_dump(tmp_path / "runs/hardsync/sweep-lr0.1-seed0/stats.h5", [0.5, 0.2, 0.4])
     assert job.run_study(s, {"hardsync": 7}, tmp_path) == []
@@ -162,15 +164,17 @@ def test_a_diverged_rate_loses_the_sweep_and_is_not_run_again(tmp_path, monkeypa
                     "strategies": {"async": {}}})
     ran: list[str] = []
 
-    def fake_run(cmd, timeout, *, env=None, log=None, **kw):
+    def fake_run(cmd, env=None, timeout=None, grace=0, log=None, signaller=None):
         out = Path(next(a.split("=", 1)[1] for a in cmd if a.startswith("run.out_dir=")))
         ran.append(out.name)
         if "optim.lr=9.0" in cmd:  # what pserver-run prints when the loss becomes NaN
-            return job.launch.Completed(1, "pserver-run: rank 3: the run diverged; try …", "")
+            Path(log).write_text("pserver-run: rank 3: the run diverged; try …")
+            return launcher.Outcome(1)
         fake_dump(out / "stats.h5", [0.3, 0.2])
-        return job.launch.Completed(0, "", "", list(cmd))
+        Path(log).write_text("")
+        return launcher.Outcome(0)
 
-    monkeypatch.setattr(job.launch, "run", fake_run)
+    monkeypatch.setattr(launcher, "execute", fake_run)
     assert job.run_study(s, {"async": 7}, tmp_path) == []  # a diverged sweep run is a result
     assert ran == ["sweep-lr0.1-seed0", "sweep-lr9-seed0", "final-lr0.1-seed0"]
     ran.clear()

@@ -18,6 +18,7 @@ line, raised in ``prepare`` on every rank (start-up agreement: exit 2 on every r
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,14 @@ from pserver.errors import ConfigError
 DUMP = "stats.h5"
 #: the model keys that decide what the flat vector means (dtype may differ: it is cast)
 ARCHITECTURE = ("kind", "hidden", "channels", "size_mib", "module")
+
+
+def resolved(init_from: str) -> str:
+    """The run ``init_from`` names, every link on the way followed (``runs/x/latest`` becomes
+    the run it points at now), so that the config a run records names its source for good;
+    a path that does not exist as it is (:func:`load_initial_weights` says why)."""
+    p = Path(init_from)
+    return os.path.realpath(p) if p.exists() else init_from
 
 
 def dump_path(init_from: str) -> Path:

@@ -154,8 +154,9 @@ def main(argv: list[str] | None = None) -> int:
                                      from_file=args.config is not None)
             check_state(ctx)
         if cfg.model.init_from and args.resume is None:  # a resume's w0 is its checkpoint's
-            from pserver.ckpt.warm_start import load_initial_weights
+            from pserver.ckpt.warm_start import load_initial_weights, resolved
 
+            cfg.model.init_from = resolved(cfg.model.init_from)  # recorded: the run, not latest
             ctx.w0 = load_initial_weights(
                 cfg.model.init_from, asdict(cfg.model), ctx.model.n_params, ctx.model.dtype
             )

@@ -2,18 +2,18 @@
 another, then one table, a CSV and figures (docs/study.md).
 
 The grid and its bookkeeping are :mod:`pserver.plan.study`; this module launches each job
-under a hard timeout (:mod:`pserver.job.launch`), skips those whose dump is finished, reads
-the dumps (:func:`pserver.dump.reader.load_dump`, :func:`~pserver.dump.reader.summarize`)
-and writes the outputs. Bad input (the study file, or a strategy's config and λ) is one
-``pserver-study: error:`` line and exit 2 before any job; a job that fails on bad input stops
-the study the same way; a job that fails otherwise or times out is reported and left out of
-the table (exit 1 at the end).
+under a hard timeout through the Python API (:func:`pserver.job.api.run`), skips those whose
+dump is finished, reads the dumps (:func:`pserver.dump.reader.load_dump`,
+:func:`~pserver.dump.reader.summarize`) and writes the outputs. Bad input (the study file,
+or a strategy's config and λ) is one ``pserver-study: error:`` line and exit 2 before any job;
+a job that fails on bad input stops the study the same way; a job that fails otherwise or
+times out is reported and left out of the table (exit 1 at the end). Ctrl-C stops the running
+job (it checkpoints) and the study (exit 130); run again, it goes on.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -24,7 +24,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from pserver.errors import PserverError
-from pserver.job import launch
+from pserver.job import api, launch
 from pserver.job.study_output import write_outputs
 from pserver.job.study_runs import DIVERGED, diverged, final_error, finished, mark_diverged, run_dir
 from pserver.plan import study as plan
@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     except (PserverError, launch.LaunchError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the running job got the SIGINT too and has ended
+        print(f"{PROG}: interrupted; run it again to go on where it stopped", file=sys.stderr)
+        return 130
     return 1 if failed else 0
 
 
@@ -110,12 +113,10 @@ def run_one(s: plan.Study, st: plan.Strategy, run: plan.Run, n: int, out: Path, 
         print(f"[{what}] {run.name}: {how} before, not run again", flush=True)
         return True
     where.parent.mkdir(parents=True, exist_ok=True)
-    args = [s.config, *plan.job_overrides(s, st, run), f"run.out_dir={where}",
-            "run.overwrite=true", "stats.progress=false"]
-    cmd = launch.mpi_command(n, [*launch.pserver_cli(), *args])
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    overrides = [*plan.job_overrides(s, st, run), f"run.out_dir={where}", "run.overwrite=true",
+                 "stats.progress=false"]  # fmt: skip
     print(f"[{what}] {run.name}: mpiexec -n {n} ...", end=" ", flush=True)
-    res = launch.run(cmd, s.timeout, env=env, log=where.with_suffix(".log"))
+    res = api.run(s.config, None, overrides, timeout=s.timeout, log=where.with_suffix(".log"))
     if res.returncode == 2 and not res.reason:  # bad input: every other job would fail too
         line = next((ln for ln in res.output.splitlines() if "error:" in ln), res.output[-300:])
         raise StudyError(f"{run.name}: {line.strip()}")

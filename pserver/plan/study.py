@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pserver.errors import ConfigError, TopologyError
-from pserver.plan.topology import make_layout
+from pserver.errors import ConfigError
+from pserver.plan.topology import world_size  # noqa: F401 - the study's -n, defined once there
 
 SWEEP, FINAL = "sweep", "final"
 STUDY_KEYS = {
@@ -272,18 +272,3 @@ def table(rows: Sequence[tuple[str, float | None, dict[str, Any]]], target: floa
         lr_text = "config" if lr is None else f"{lr:g}"
         lines.append("| " + " | ".join([label, lr_text, str(agg["seeds"]), *cells]) + " |")
     return "\n".join(lines)
-
-
-def world_size(cfg: Any) -> int:
-    """The ``mpiexec -n`` of a resolved config (``cluster.learners`` = λ set): the one world
-    size :func:`~pserver.plan.topology.make_layout` accepts (shards, statistics and data
-    servers, aggregators and λ learners, as the strategy lays them out)."""
-    c = cfg.cluster
-    bound = 16 * (c.learners + c.servers + 2) + 64  # a tree adds fewer aggregators than this
-    for n in range(1, bound):
-        try:
-            make_layout(n, cfg)
-        except TopologyError:
-            continue
-        return n
-    raise ConfigError(f"no world size up to {bound} fits cluster.learners = {c.learners}")

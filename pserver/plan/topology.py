@@ -143,6 +143,21 @@ def make_layout(world_size: int, cfg: Config, nodes: Sequence[int] | None = None
     return layout
 
 
+def world_size(cfg: Config) -> int:
+    """The ``mpiexec -n`` of a resolved config (``cluster.learners`` = λ set): the one world
+    size :func:`make_layout` accepts (shards, statistics and data
+    servers, aggregators and λ learners, as the strategy lays them out)."""
+    c = cfg.cluster
+    bound = 16 * (c.learners + c.servers + 2) + 64  # a tree adds fewer aggregators than this
+    for n in range(1, bound):
+        try:
+            make_layout(n, cfg)
+        except TopologyError:
+            continue
+        return n
+    raise ConfigError(f"no world size up to {bound} fits cluster.learners = {c.learners}")
+
+
 def broadcast_tree(layout: Layout, fanout: int, shape: str = "root") -> dict[int, int]:
     """Rudra-adv*'s learner broadcast tree: a fan-out-k heap; only a heap's root pulls from
     its upstream (a shard or its leaf aggregator), every other learner from its heap parent.

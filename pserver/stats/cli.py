@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from pserver.dump.reader import DumpError, load_dump, summarize
 from pserver.errors import PserverError
-from pserver.stats.runs import resolve_dump
+from pserver.stats.runs import resolve_dump, summary_json
 
 T = TypeVar("T")
 PROG = "pserver-stats"
@@ -168,9 +168,11 @@ def checked(path: str, fn: Callable[..., T], *args: Any) -> T:
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
+    if args.json:  # the dictionary the Python API's Run.summary() returns
+        print(json.dumps(checked(args.dump, summary_json, args.dump), indent=2))
+        return 0
     summary = checked(args.dump, summarize, load_dump(args.dump))
-    render = (lambda: json.dumps(summary, indent=2)) if args.json else format_summary
-    print(checked(args.dump, render) if args.json else checked(args.dump, render, summary))
+    print(checked(args.dump, format_summary, summary))
     return 0
 
 
