@@ -9,14 +9,16 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pserver.ckpt.files import State
 from pserver.comm.waiting import PeerLog, Waiter
 from pserver.comm.wire import Header, Tag
 from pserver.errors import Diverged
 from pserver.plan.config import load_config
+from pserver.roles.exchange import Exchange
 from pserver.roles.trainer import Trainer
 
 
-class ScriptedExchange:
+class ScriptedExchange(Exchange):
     """Hands out the weights of ``models`` one per minibatch, records every call."""
 
     relayed_bytes = 7
@@ -55,6 +57,12 @@ class ScriptedExchange:
 
     def finish(self) -> None:
         self.calls.append("finish")
+
+    def state(self) -> State:
+        return State({}, {})
+
+    def restore(self, state: State) -> None:
+        self.calls.append("restore")
 
 
 class LinearModel:
@@ -183,9 +191,12 @@ def test_freeze_point_is_the_exchanges(
     assert ex.calls[:frozen].count(before) == 2
 
 
+INTERFACES = {"Protocol", "ABC", "Exchange"}  # interfaces, not drivers
+
+
 def test_no_role_driver_subclasses_another() -> None:
     """Learners are trainer + exchange by composition: no class in pserver/roles has a base
-    other than ``Protocol`` (the exchange's interface)."""
+    but the exchange's declared interface (``pserver.roles.exchange.Exchange``, an ``ABC``)."""
     import ast
     from pathlib import Path
 
@@ -194,7 +205,7 @@ def test_no_role_driver_subclasses_another() -> None:
     for path in sorted(roles.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef):
-                bases = [ast.unparse(b) for b in node.bases if ast.unparse(b) != "Protocol"]
+                bases = [b for b in map(ast.unparse, node.bases) if b not in INTERFACES]
                 derived += [f"{path.name}: {node.name}({', '.join(bases)})"] if bases else []
     assert derived == []
 
@@ -239,3 +250,23 @@ def test_a_periodic_checkpoint_pauses_at_the_first_boundary_past_its_time() -> N
     assert records.said_bye
     idle, _, _ = make([], models)
     assert idle.pause_at == float("inf") and not idle.pause_due()  # 0: never
+
+
+def test_an_exchange_must_declare_its_checkpoint_record() -> None:
+    """The interface the trainer calls is declared (``pserver.roles.exchange``): an exchange
+    without ``state``/``restore`` cannot be built, instead of failing at its first checkpoint
+    (the trainer used to probe for them)."""
+
+    class NoRecord(ScriptedExchange):
+        state = Exchange.state  # abstract again
+        restore = Exchange.restore
+
+    with pytest.raises(TypeError, match="abstract"):
+        NoRecord([np.zeros(3)])
+    every = {"PSExchange", "OverlapExchange", "SyncExchange", "HybridExchange",
+             "LocalStepsExchange", "GossipExchange"}  # fmt: skip
+    from pserver.job import cli
+
+    classes = [make_class() for make_class in cli.EXCHANGES.values()]
+    assert {cls.__name__ for cls in classes} == every
+    assert all(issubclass(cls, Exchange) for cls in classes)

@@ -30,6 +30,7 @@ from pserver.ckpt.drivers.lockstep import model_state, restore_model
 from pserver.ckpt.files import State
 from pserver.comm.collectives import Allreducer
 from pserver.comm.waiting import ALLREDUCE_PEERS
+from pserver.roles.exchange import Exchange
 from pserver.roles.lockstep_model import LockstepModel
 from pserver.roles.stop_vote import stop_vote
 from pserver.runtime.context import Context
@@ -43,9 +44,10 @@ def allreducer(ctx: Context, model: LockstepModel, weights: Any) -> Allreducer:
     )  # fmt: skip
 
 
-class SyncExchange:
+class SyncExchange(Exchange):
     """The allreduce of every step's gradient, waited for before the update (σ = 0)."""
 
+    votes_on_stop = True  # every learner stops at the boundary its vote agrees on
     freeze_after_weights = False
     relayed_bytes = 0
 

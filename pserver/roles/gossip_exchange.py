@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from pserver.protocols.ring import local_epoch
+from pserver.roles.exchange import Exchange
 from pserver.roles.gossip import Gossip
 
 
-class GossipExchange:
+class GossipExchange(Exchange):
     """The trainer's exchange for ``protocol.name = "adpsgd"`` (``pserver.roles.trainer``):
     ``weights()`` is a snapshot of the learner's model, ``gradient(g)`` the local update
     (the parameter-server path's rule, schedule and weight decay, applied here) followed by

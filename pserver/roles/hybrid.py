@@ -34,14 +34,16 @@ from pserver.comm.collectives import Handle
 from pserver.comm.engine import CommEngine
 from pserver.comm.waiting import ALLREDUCE_PEERS
 from pserver.roles.allreduce import allreducer
+from pserver.roles.exchange import Exchange
 from pserver.roles.lockstep_model import LockstepModel
 from pserver.roles.stop_vote import stop_vote
 from pserver.runtime.context import Context
 
 
-class HybridExchange:
+class HybridExchange(Exchange):
     """One allreduce in flight in the comm engine; each gradient applied a step late."""
 
+    votes_on_stop = True  # every learner stops at the boundary its vote agrees on
     freeze_after_weights = False
     relayed_bytes = 0
 

@@ -21,7 +21,6 @@ in ``pserver/protocols/rounds.py``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from pserver.ckpt.files import State
@@ -30,6 +29,7 @@ from pserver.comm.wire import Reply, WireError, split_reply
 from pserver.plan.config import pull_timestamp
 from pserver.plan.topology import Block
 from pserver.protocols.partial_pull import ITERATION, REFRESH, USE, PartialPull, PullRule
+from pserver.roles.exchange import Exchange
 from pserver.roles.pslink import PSLink
 from pserver.runtime.context import Context
 from pserver.strategies import lookup
@@ -40,7 +40,7 @@ def waits_for_update(ctx: Context) -> bool:
     return lookup(ctx.cfg.protocol.name).waits_for_update
 
 
-class PSExchange:
+class PSExchange(Exchange):
     """Blocking PS client: pull (when newer) before a minibatch, push after it."""
 
     freeze_after_weights = False  # inject.freeze_*: right after the push and its pull requests
@@ -58,10 +58,9 @@ class PSExchange:
         self.partial = PartialPull(len(self.blocks), p.pull_fraction, p.tau2)
         self.rule = PullRule(pull_timestamp(self.cfg), waits_for_update(ctx))
         self.steps = 0
-        # a stop asked while waiting in a pull (the trainer's, ``Trainer.interrupt``): under the
-        # iteration rule the learner leaves the pull, and says goodbye before collecting its
-        # held pulls (pserver.ckpt.records.partial_pull: the cut's liveness)
-        self.interrupt: Callable[[], bool] = lambda: False
+        # ``interrupt`` (Exchange, set by the trainer): a stop asked while waiting in a pull;
+        # under the iteration rule the learner leaves the pull, and says goodbye before
+        # collecting its held pulls (pserver.ckpt.records.partial_pull: the cut's liveness)
         self.leaving = False
 
     def shm_setup(self, ctx: Context) -> None:

@@ -26,14 +26,16 @@ from typing import Any
 
 from pserver.ckpt.files import CheckpointError, State
 from pserver.optim.local_rule import LocalRule
+from pserver.roles.exchange import Exchange
 from pserver.roles.learner import PSExchange
 from pserver.roles.stop_vote import stop_vote
 from pserver.runtime.context import Context
 
 
-class LocalStepsExchange:
+class LocalStepsExchange(Exchange):
     """τ local steps between a pull of W_g and a push of the delta."""
 
+    votes_on_stop = True  # every learner stops at the boundary its vote agrees on
     freeze_after_weights = False
     relayed_bytes = 0
 

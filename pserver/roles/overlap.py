@@ -38,12 +38,13 @@ from pserver.comm.wire import Reply, WireError, reply_kind
 from pserver.plan.topology import Block
 from pserver.protocols.inflight import InflightWindow, inflight_limit
 from pserver.roles.bcast import Children
+from pserver.roles.exchange import Exchange
 from pserver.roles.learner import waits_for_update
 from pserver.roles.pslink import PSLink
 from pserver.runtime.context import Context
 
 
-class OverlapExchange:
+class OverlapExchange(Exchange):
     """Overlapped PS client: long polls, two gradient buffers, the in-flight window."""
 
     freeze_after_weights = True  # inject.freeze_*: our long poll is out, its answer waits for us

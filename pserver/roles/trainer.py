@@ -15,29 +15,12 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Protocol
+from typing import Any
 
-from pserver.comm.waiting import Waiter
 from pserver.comm.wire import Header, Tag, header_buffer
 from pserver.errors import diverged, nonfinite_gradient
 from pserver.plan.config import inject_plan
-
-
-class Exchange(Protocol):
-    """What a trainer needs of an exchange (see the module docstring)."""
-
-    waiter: Waiter  # its waits, counted in the ``learners`` row's wait_time
-    have: dict[int, int]  # timestamp of each block held (for the divergence report)
-    relayed_bytes: int  # weights this learner forwarded to others (a broadcast tree)
-    freeze_after_weights: bool  # inject.freeze_*: after weights() (True) or after gradient()
-
-    def weights(self) -> Any | None: ...
-    def gradient_buffer(self) -> Any: ...
-    def gradient(self, g: Any) -> None: ...
-    def staleness(self) -> tuple[float, int]: ...
-    def done(self) -> float: ...
-    def close(self) -> None: ...
-    def finish(self) -> None: ...
+from pserver.roles.exchange import Exchange
 
 
 class Trainer:
@@ -46,9 +29,7 @@ class Trainer:
         self.ex, self.prefetch = exchange, prefetch
         self.index = ctx.layout.index(ctx.rank)
         self.records = ctx.records()
-        attach = getattr(exchange, "attach", None)
-        if attach is not None:  # its rows go with ours, in one stream
-            attach(self.records)
+        exchange.attach(self.records)  # its rows, if any, go with ours in one stream
         self.model = ctx.model
         self.inject = inject_plan(self.cfg)
         self.slow = self.index == self.cfg.inject.slow_learner
@@ -61,8 +42,7 @@ class Trainer:
         interval = self.cfg.run.checkpoint_interval
         self.pause_at = ctx.now() + interval if interval > 0 else math.inf
         self.paused = False
-        if hasattr(exchange, "interrupt"):  # it may leave a pull for a stop (iteration rule)
-            exchange.interrupt = self.interrupt
+        exchange.interrupt = self.interrupt  # it may leave a pull for a stop (iteration rule)
         if getattr(ctx, "resume", None) is not None:
             self.restore(ctx.resume.state)
 
@@ -74,7 +54,7 @@ class Trainer:
         finally:
             self.ex.close()
             self.prefetch.close()
-        if self.stopped_early and hasattr(self.ex, "signalled"):  # its finish is a cut (ADPSGD)
+        if self.stopped_early:  # its finish may be a cut of its own (ADPSGD)
             self.ex.signalled()
         self.ex.finish()
         self.prefetch.bye(self.consumed)
@@ -86,12 +66,11 @@ class Trainer:
         and no minibatch is half computed: the consistent cut."""
         from pserver.runtime.signals import STOP
 
-        agreed = getattr(self.ex, "stop_agreed", None)
-        vote = getattr(self.ex, "vote", None)
-        if callable(agreed):  # lockstep learners stop at one boundary, the same on all of them
+        if self.ex.votes_on_stop:  # lockstep learners stop at one boundary, the same on all
+            vote = self.ex.vote
             if vote is not None:  # (pserver.roles.stop_vote): a due pause is a vote too
                 vote.pause_wanted = self.pause_due()
-            if agreed():
+            if self.ex.stop_agreed():
                 self.paused = vote.paused
                 self.stopped_early = not self.paused
         elif STOP.requested:
@@ -131,21 +110,17 @@ class Trainer:
         optimizer, its model; the PS exchanges keep nothing that the shards do not hold)."""
         from pserver.ckpt.files import State
 
-        own = getattr(self.ex, "state", None)
-        ex = own() if callable(own) else State({}, {})
+        ex = self.ex.state()
         attrs = {"role": "learner", "steps": self.steps, "exchange": ex.attrs}
         return State({f"exchange.{k}": v for k, v in ex.arrays.items()}, attrs)
 
     def restore(self, state: Any) -> None:
-        from pserver.ckpt.files import CheckpointError, State
+        from pserver.ckpt.files import State
 
         self.steps = int(state.attrs["steps"])
-        load = getattr(self.ex, "restore", None)
-        if not callable(load):
-            raise CheckpointError(f"the learner exchange {type(self.ex).__name__} cannot resume")
         n = len("exchange.")
         arrays = {k[n:]: v for k, v in state.arrays.items() if k.startswith("exchange.")}
-        load(State(arrays, state.attrs.get("exchange", {})))
+        self.ex.restore(State(arrays, state.attrs.get("exchange", {})))
 
     def step(self) -> bool:
         t0 = time.perf_counter()
