@@ -10,7 +10,7 @@ from mpi4py import MPI
 from mpirun import ROOT
 
 from pserver.comm.backend import select_backend
-from pserver.comm.collectives import Allreducer, buckets, ring
+from pserver.comm.collectives import Allreducer, buckets
 from pserver.comm.waiting import PeerLog, Waiter
 
 
@@ -22,10 +22,6 @@ def test_buckets_cover_every_element_once_with_a_short_last_one():
     assert buckets(5, 8, 1e-9) == [(i, i + 1) for i in range(5)]  # never empty buckets
     with pytest.raises(ValueError):
         buckets(5, 4, 0)
-
-
-def test_ring_neighbours():
-    assert ring(0, 4) == (3, 1) and ring(3, 4) == (2, 0) and ring(0, 1) == (0, 0)
 
 
 def waiter() -> Waiter:

@@ -69,11 +69,6 @@ def buckets(n: int, itemsize: int, bucket_mib: float) -> list[tuple[int, int]]:
     return [(i, min(i + step, n)) for i in range(0, n, step)] or [(0, 0)]
 
 
-def ring(rank: int, size: int) -> tuple[int, int]:
-    """(left, right) neighbours of ``rank`` on a ring of ``size`` ranks."""
-    return (rank - 1) % size, (rank + 1) % size
-
-
 class Handle:
     """One started operation: ``test()`` moves it on and says whether it is complete,
     ``wait(what)`` returns once it is (with the Waiter's back-off and stall report)."""
