@@ -1,5 +1,5 @@
-"""Collectives among the learners: a bucketed non-blocking allreduce, and the gossip ring's
-neighbours (:func:`ring`).
+"""Collectives among the learners: the learners' communicator and a bucketed non-blocking
+allreduce (ADPSGD's ring schedule is ``pserver.protocols.ring``).
 
 The learners-only strategies (SYNC and HYBRID allreduce gradients or weights, ADPSGD averages
 with a ring neighbour) run these on the **learners' communicator**, built once at start by
