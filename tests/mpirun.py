@@ -95,6 +95,11 @@ def assert_learned(dump, best: float = 0.03, final: float = 0.06) -> None:  # no
     (docs/protocols.md, "Measured staleness"). The bounds hold for both.
     """
     err = dump.group("test")["error"]
+    log = os.environ.get("PSERVER_ACCURACY_LOG")
+    if log:  # the margins of a whole suite run, to see how near its bounds each test ends
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+        with open(log, "a") as f:
+            f.write(f"{test}\tbest {err.min():.4f} <= {best}\tfinal {err[-1]:.4f} <= {final}\n")
     assert err.min() <= best and err[-1] <= final, err
 
 
