@@ -50,15 +50,21 @@ def is_path(where: str) -> bool:
     return where.endswith(".py") or "/" in where or "\\" in where
 
 
+def existing_file(where: str, spec: str) -> Path:
+    """The file ``where`` (a path in ``model.module``), refused unless it is one."""
+    path = Path(where)
+    if not path.is_file():
+        raise ConfigError(
+            f"model.module = {spec!r}: {where!r} does not exist or is not a file "
+            f"(relative paths are taken from the working directory, {str(Path.cwd())!r})"
+        )
+    return path
+
+
 def load_module(where: str, spec: str) -> ModuleType:
     """Import the file or module ``where``; every failure is a ConfigError naming ``spec``."""
     if is_path(where):
-        path = Path(where)
-        if not path.is_file():
-            raise ConfigError(
-                f"model.module = {spec!r}: {where!r} does not exist or is not a file "
-                f"(relative paths are taken from the working directory, {str(Path.cwd())!r})"
-            )
+        path = existing_file(where, spec)
         # one name per file, so that two files called model.py do not replace each other
         digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
         name = f"pserver_user_{path.stem}_{digest}"

@@ -27,7 +27,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from learners.loader import is_path, split_spec
+from learners.loader import existing_file, is_path, split_spec
 from pserver.errors import ConfigError
 from pserver.plan.config import ModelConfig
 
@@ -53,13 +53,7 @@ def check_model_source(cfg: ModelConfig) -> None:
 def source_file(where: str, spec: str) -> Path | None:
     """The source file ``where`` names; None when it cannot be located without importing."""
     if is_path(where):
-        path = Path(where)
-        if not path.is_file():
-            raise ConfigError(
-                f"model.module = {spec!r}: {where!r} does not exist or is not a file "
-                f"(relative paths are taken from the working directory, {str(Path.cwd())!r})"
-            )
-        return path
+        return existing_file(where, spec)
     if where in sys.modules:  # imported already: nothing is saved by reading it
         return None
     return module_file(where, spec)
