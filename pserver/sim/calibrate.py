@@ -1,0 +1,138 @@
+"""``pserver-sim --calibrate RUN_DIR``: fit the ``[sim]`` cost model to a real run's dump.
+
+What the dump measures and what is taken from it (docs/simulation.md, *Calibration*):
+
+* ``compute``, ``compute_cv``: the ``train`` rows' ``compute_time``, less the emulated compute
+  the run's ``[inject]`` added (``InjectPlan.compute_time_for``, which the simulation adds
+  back from its own config), over the learners that were not the injected straggler;
+* ``step_overhead``: per learner, the time between two consecutive ``train`` rows less the
+  second row's compute and waits (the median, so a pause of the machine does not count);
+* ``message_time``: the shard's busy time (``servers``: ``run_time − wait_time``) over the
+  messages it handled (a push and a pull per gradient, a goodbye per learner), less the
+  per-byte part of the pushes;
+* ``latency``: from the fastest pulls (their 10th percentile): a pull waits for the push's
+  trip, the shard's handling of the push and the pull and the reply's trip, with the model's
+  bytes each way, less the step's overhead, which runs before the pull is timed.
+
+One run of one model size cannot tell latency from bandwidth, nor per-message from per-byte
+shard time: ``bandwidth`` and ``update_per_byte`` are kept from the config given (their
+defaults), and the fit is of the rest given them. ``loop`` and ``data_time`` are not fitted
+(the dump has no data-server timings; ``data_time = 0`` means the data server never held a
+learner up, which the fetch waits of the dump show when it is so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import numpy as np
+
+from pserver.dump.reader import Dump, load_dump
+from pserver.errors import ConfigError
+from pserver.plan.config import SimConfig, build
+from pserver.plan.inject import InjectPlan
+
+#: the keys a fit sets (the others keep the config's values)
+FITTED = ("compute", "compute_cv", "step_overhead", "latency", "message_time")
+
+
+def dump_path(run: str | Path) -> Path:
+    p = Path(run)
+    return p / "stats.h5" if p.is_dir() else p
+
+
+def calibrate(run: str | Path, base: SimConfig | None = None) -> SimConfig:
+    """The ``[sim]`` fitted to the dump of ``run`` (a run directory or its ``stats.h5``);
+    ``base`` gives the keys not fitted (default: ``SimConfig()``)."""
+    dump = load_dump(dump_path(run))
+    if "simulated" in dump.attrs and dump.attrs.get("simulated") is None:
+        raise ConfigError(f"--calibrate {run}: not a dump")
+    return fit(dump, base or SimConfig())
+
+
+def fit(dump: Dump, base: SimConfig) -> SimConfig:
+    """The fit of :func:`calibrate` on a loaded dump."""
+    train = dump.group("train")
+    if not dump.rows("train"):
+        raise ConfigError(f"--calibrate {dump.path}: the dump has no train rows to fit")
+    cfg = build(dump.config)  # the run's own config (types and defaults; not re-validated)
+    plan = InjectPlan(
+        compute_time=cfg.inject.compute_time, compute_per_sample=cfg.inject.compute_per_sample,
+        slow_learner=cfg.inject.slow_learner, learner_factor=cfg.inject.learner_factor,
+    )  # fmt: skip
+    n = dump.rows("train")
+    learner = train["learner"][:n]
+    normal = learner != cfg.inject.slow_learner
+    emulated = plan.compute_time_for(-2, cfg.data.batch_size)  # a learner that is not slow
+    compute = train["compute_time"][:n][normal] - emulated
+    mean = float(max(np.mean(compute), 0.0))
+    cv = float(np.std(compute) / mean) if mean > 0 else 0.0
+    overhead = step_overhead(train, n)
+    nbytes = model_bytes(dump)
+    message = message_time(dump, base, nbytes)
+    pulls = train["pull_time"][:n][train["step"][:n] > 0]
+    trips = 2 * nbytes / base.bandwidth + 2 * message + base.update_per_byte * nbytes
+    low = float(np.percentile(pulls, 10)) if len(pulls) else 0.0
+    # the step's overhead runs while the push travels: the pull is timed after it
+    latency = max((low + overhead - trips) / 2.0, 0.0)
+    values = asdict(base)
+    values.update(compute=mean, compute_cv=cv, step_overhead=overhead, latency=latency,
+                  message_time=message)
+    return SimConfig(**values)
+
+
+def step_overhead(train: dict, n: int) -> float:
+    """The median over learners and steps of (time between rows − compute − waits)."""
+    gaps = []
+    learner, step, t = train["learner"][:n], train["step"][:n], train["time"][:n]
+    busy = train["compute_time"][:n] + train["wait_time"][:n]
+    for k in np.unique(learner):
+        mine = np.flatnonzero(learner == k)
+        mine = mine[np.argsort(step[mine])]
+        gaps.append(np.diff(t[mine]) - busy[mine][1:])
+    every = np.concatenate(gaps) if gaps else np.zeros(0)
+    return float(max(np.median(every), 0.0)) if len(every) else 0.0
+
+
+def model_bytes(dump: Dump) -> int:
+    """The model's bytes: the ``blocks`` rows' sizes × the dtype's."""
+    blocks = dump.group("blocks")
+    dtype = np.dtype(dump.config.get("model", {}).get("dtype", "float32"))
+    size = int(np.sum(blocks["size"])) if dump.rows("blocks") else 0
+    return size * dtype.itemsize
+
+
+def message_time(dump: Dump, base: SimConfig, nbytes: int) -> float:
+    """The shard's busy seconds per message, less the per-byte part of its pushes."""
+    servers = dump.group("servers")
+    if not dump.rows("servers"):
+        return base.message_time
+    busy = float(np.sum(servers["run_time"] - servers["wait_time"]))
+    pushes = dump.rows("gradients") + int(np.sum(servers["dropped_after_stop"]))
+    messages = 2 * pushes + int(dump.attrs.get("n_learners", 0))
+    busy -= base.update_per_byte * nbytes * pushes
+    return max(busy / max(messages, 1), 0.0)
+
+
+def overrides_of(sim: SimConfig) -> list[str]:
+    """``sim.key=value`` overrides of the fitted keys."""
+    return [f"sim.{k}={getattr(sim, k)!r}" for k in FITTED]
+
+
+def fit_lines(sim: SimConfig, run: str | Path) -> list[str]:
+    """What ``--calibrate`` prints: one line per key, the fitted ones marked."""
+    out = [f"cost model fitted to {run}:"]
+    for f in fields(sim):
+        how = "fitted" if f.name in FITTED else "kept"
+        out.append(f"  sim.{f.name} = {getattr(sim, f.name)!r}  ({how})")
+    return out
+
+
+def write_fit(sim: SimConfig, path: Path, run: str | Path) -> None:
+    """The fitted ``[sim]`` table as TOML, for ``pserver-sim CONFIG`` with ``-c``-free reuse."""
+    lines = [f"# [sim] fitted by pserver-sim --calibrate {run}", "[sim]"]
+    for f in fields(sim):
+        value = getattr(sim, f.name)
+        lines.append(f'{f.name} = "{value}"' if isinstance(value, str) else f"{f.name} = {value!r}")
+    path.write_text("\n".join(lines) + "\n")
