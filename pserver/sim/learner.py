@@ -42,7 +42,7 @@ class SimLearner:
     __slots__ = (
         "index", "loop", "costs", "rows", "shard", "data", "partial", "rule", "have", "steps",
         "stopped", "asked", "pull_since", "ready_at", "inbox", "next_batch", "compute_time",
-        "pull_time", "compute_now", "finished_at", "batch", "pulling",
+        "pull_time", "compute_now", "finished_at", "batch", "pulling", "train", "freezes",
     )  # fmt: skip
 
     def __init__(
@@ -64,6 +64,10 @@ class SimLearner:
         self.compute_time = self.pull_time = self.compute_now = 0.0
         self.finished_at = 0.0
         self.batch = costs.batch
+        self.train = rows.table("train", "learner", "step", "time", "loss", "error",
+                                "compute_time", "wait_time", "pull_time", "push_time",
+                                "stale_fraction", "dropped_blocks")
+        self.freezes = index == costs.plan.freeze_learner  # inject.freeze_*
 
     def start(self) -> None:
         self.next_batch = self.data.request(0.0)
@@ -84,12 +88,12 @@ class SimLearner:
         c = self.compute_now
         self.compute_time += c
         self.pull_time += pull
-        self.rows.add("train", learner=self.index, step=self.steps, time=now, loss=NAN,
-                      error=NAN, compute_time=c, wait_time=pull + fetch, pull_time=pull,
-                      push_time=0.0, stale_fraction=self.partial.stale_fraction,
-                      dropped_blocks=self.partial.dropped)
-        plan, sim = self.costs.plan, self.costs.sim
-        freeze = plan.freeze_for(self.index, self.steps)
+        self.train.append((self.index, self.steps, now, NAN, NAN, c, pull + fetch, pull, 0.0,
+                           self.partial.stale_fraction, self.partial.dropped))
+        if self.train.full():
+            self.rows.write(self.train)
+        sim = self.costs.sim
+        freeze = self.costs.plan.freeze_for(self.index, self.steps) if self.freezes else 0.0
         self.steps += 1
         self.asked = True
         self.loop.after(self.costs.message(True), self.shard.push_and_pull, self.index,

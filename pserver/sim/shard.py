@@ -29,6 +29,14 @@ from pserver.sim.rows import Rows
 PUSH, PULL, BYE = 0, 1, 2
 
 
+class NoStep:
+    """The update rule's place in the stand-in block: ``ShardBlock.apply`` computes the step's
+    learning rate (the schedule, the protocol's scale) and counts; no weights are stepped."""
+
+    def step(self, w: Any, g: Any, lr: float) -> None:
+        del w, g, lr
+
+
 class SimShard:
     """Shard ``index`` with one parameter block, over ``n_learners`` learners."""
 
@@ -39,6 +47,7 @@ class SimShard:
         self.loop, self.costs, self.rows, self.index = loop, costs, rows, index
         dtype = np.dtype(cfg.model.dtype)
         self.block = ShardBlock.build(np.zeros(1, dtype), cfg, n_learners, train_size, np)
+        self.block.updater = NoStep()  # the step's rate is computed; the step itself is not
         self.learners: list[Any] = []  # SimLearner by index, set by the engine
         self.queue: deque[tuple[int, int, int, int | None]] = deque()
         self.busy = False
@@ -49,6 +58,11 @@ class SimShard:
         self.dropped_after_stop = 0
         self.bytes_in = self.bytes_out = 0
         self.busy_time = 0.0
+        self.grads = rows.table("gradients", "shard", "learner", "timestamp", "staleness",
+                                "update", "time")
+        self.sigmas = rows.table("staleness", "learner", "owner", "version", "staleness", "time")
+        self.updates = rows.table("updates", "shard", "timestamp", "time", "n_gradients",
+                                  "mean_staleness", "lr")
         self.handlers: dict[int, Callable[..., None]] = {
             PUSH: self.on_push, PULL: self.on_pull, BYE: self.on_bye,
         }  # fmt: skip
@@ -98,11 +112,9 @@ class SimShard:
             return
         d = taken.decisions[0]
         update = ts + 1 if taken.accepted else -1
-        self.rows.add("gradients", shard=self.index, learner=learner, timestamp=sent_ts,
-                      staleness=d.staleness, update=update, time=now)
+        self.grads.append((self.index, learner, sent_ts, d.staleness, update, now))
         if update != -1:
-            self.rows.add("staleness", learner=learner, owner=self.index, version=sent_ts,
-                          staleness=d.staleness, time=now)
+            self.sigmas.append((learner, self.index, sent_ts, d.staleness, now))
         if a.ready(now):
             self.update()
         elif not taken.accepted and a.epochs.counts_drops:
@@ -112,10 +124,12 @@ class SimShard:
         a = self.block
         applied = a.apply(a.commit())
         d = applied.decision
-        self.rows.add("updates", shard=self.index, timestamp=d.new_timestamp, time=self.loop.now,
-                      n_gradients=len(d.vector_clock), mean_staleness=d.mean_staleness,
-                      lr=applied.lr)
-        self.rows.add_clock(d.vector_clock)
+        self.updates.append((self.index, d.new_timestamp, self.loop.now, len(d.vector_clock),
+                             d.mean_staleness, applied.lr))
+        self.rows.clocks.append(d.vector_clock)
+        if self.grads.full() or self.updates.full():
+            for t in (self.grads, self.sigmas, self.updates):
+                self.rows.write(t)  # the clocks go with the updates
         self.after_update()
 
     def after_update(self) -> None:
