@@ -65,6 +65,7 @@ MAY_CHANGE = frozenset({
     # pserver-sim's cost model: a real run reads none of it (a checkpoint older than [sim] has none)
     "sim.loop", "sim.compute", "sim.compute_cv", "sim.step_overhead", "sim.latency",
     "sim.bandwidth", "sim.message_time", "sim.update_per_byte", "sim.data_time",
+    "sim.latency_cv", "sim.start_time", "sim.end_time",
 })
 
 

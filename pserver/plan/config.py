@@ -199,10 +199,13 @@ class SimConfig:
     compute_cv: float = 0.0  # coefficient of variation of it (lognormal, per learner and step)
     step_overhead: float = 0.0  # s a learner spends per step outside compute and its waits
     latency: float = 5e-5  # s per message between a learner and its shard, either way
+    latency_cv: float = 0.0  # coefficient of variation of a reply's latency (lognormal)
     bandwidth: float = 1e9  # bytes/s of that link (weights and gradients)
     message_time: float = 1e-5  # s of the shard's handling of any message (push, pull, bye)
     update_per_byte: float = 1e-9  # s of the shard per byte of a pushed gradient (take + update)
     data_time: float = 0.0  # s of the data server per minibatch served
+    start_time: float = 0.0  # s from the job's start to the learners' first minibatch
+    end_time: float = 0.0  # s from the last message to the job's end (last test, dump)
 
 
 @dataclass
@@ -306,6 +309,9 @@ NON_NEGATIVE = {
     "sim.message_time",
     "sim.update_per_byte",
     "sim.data_time",
+    "sim.latency_cv",
+    "sim.start_time",
+    "sim.end_time",
 }
 # the bounds of the strategies' own keys (protocol.n > 0, protocol.c >= 0, ...)
 POSITIVE |= {f"protocol.{k}" for k, p in strategies.params().items() if p.bound == "> 0"}

@@ -10,9 +10,15 @@ What the dump measures and what is taken from it (docs/simulation.md, *Calibrati
 * ``message_time``: the shard's busy time (``servers``: ``run_time − wait_time``) over the
   messages it handled (a push and a pull per gradient, a goodbye per learner), less the
   per-byte part of the pushes;
-* ``latency``: from the fastest pulls (their 10th percentile): a pull waits for the push's
-  trip, the shard's handling of the push and the pull and the reply's trip, with the model's
-  bytes each way, less the step's overhead, which runs before the pull is timed.
+* ``latency``, ``latency_cv``: from the pulls (after a learner's first step): a pull waits
+  for the push's trip, the shard's handling of the push and the pull and the reply's trip,
+  with the model's bytes each way, less the step's overhead, which runs before the pull is
+  timed; the mean of the pulls gives ``latency``, the interquartile range of the log of what
+  a pull waited beyond the push's trip the reply's ``latency_cv`` (:func:`log_iqr_cv`). On a
+  machine with more ranks than cores these are mostly the operating system's wake-ups;
+* ``start_time``: the median over learners of when their first minibatch began (its row's
+  time less its compute and waits); ``end_time``: ``wall_time`` less the last ``train`` row's
+  time (the last test and the dump).
 
 One run of one model size cannot tell latency from bandwidth, nor per-message from per-byte
 shard time: ``bandwidth`` and ``update_per_byte`` are kept from the config given (their
@@ -34,7 +40,8 @@ from pserver.plan.config import SimConfig, build
 from pserver.plan.inject import InjectPlan
 
 #: the keys a fit sets (the others keep the config's values)
-FITTED = ("compute", "compute_cv", "step_overhead", "latency", "message_time")
+FITTED = ("compute", "compute_cv", "step_overhead", "latency", "latency_cv", "message_time",
+          "start_time", "end_time")
 
 
 def dump_path(run: str | Path) -> Path:
@@ -73,13 +80,37 @@ def fit(dump: Dump, base: SimConfig) -> SimConfig:
     message = message_time(dump, base, nbytes)
     pulls = train["pull_time"][:n][train["step"][:n] > 0]
     trips = 2 * nbytes / base.bandwidth + 2 * message + base.update_per_byte * nbytes
-    low = float(np.percentile(pulls, 10)) if len(pulls) else 0.0
+    mean_pull = float(np.mean(pulls)) if len(pulls) else 0.0
     # the step's overhead runs while the push travels: the pull is timed after it
-    latency = max((low + overhead - trips) / 2.0, 0.0)
+    latency = max((mean_pull + overhead - trips) / 2.0, 0.0)
+    # the spread goes on the reply's trip: what a pull waited beyond the push's trip
+    latency_cv = log_iqr_cv(pulls + overhead - trips - latency)
     values = asdict(base)
     values.update(compute=mean, compute_cv=cv, step_overhead=overhead, latency=latency,
-                  message_time=message)
+                  latency_cv=latency_cv, message_time=message, **ends(dump, train, n))
     return SimConfig(**values)
+
+
+def log_iqr_cv(x: np.ndarray) -> float:
+    """The coefficient of variation of the lognormal whose log has the interquartile range of
+    ``log(x)`` (its positive values): the lognormal fitted by quantiles, so that a few pulls
+    held up by a paused process (hundreds of ms among ms) do not make the tail heavy."""
+    x = x[x > 0]
+    if len(x) < 4:
+        return 0.0
+    q25, q75 = np.percentile(np.log(x), [25, 75])
+    sigma = (q75 - q25) / 1.3489795  # the interquartile range of a unit normal
+    return float(np.sqrt(np.expm1(sigma * sigma)))
+
+
+def ends(dump: Dump, train: dict, n: int) -> dict[str, float]:
+    """``start_time`` and ``end_time`` (module docstring)."""
+    first = train["step"][:n] == 0
+    begun = (train["time"][:n] - train["compute_time"][:n] - train["wait_time"][:n])[first]
+    start = float(max(np.median(begun), 0.0)) if len(begun) else 0.0
+    wall = float(dump.attrs.get("wall_time", 0.0))
+    end = max(wall - float(np.max(train["time"][:n])), 0.0) if wall else 0.0
+    return {"start_time": start, "end_time": end}
 
 
 def step_overhead(train: dict, n: int) -> float:

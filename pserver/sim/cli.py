@@ -26,7 +26,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("overrides", nargs="*", help="section.key=value (cluster.learners sets λ)")
     ap.add_argument("--calibrate", metavar="RUN_DIR",
                     help="fit [sim] to a real run's dump (a run directory or its stats.h5)")
-    return ap.parse_args(argv)
+    return ap.parse_intermixed_args(argv)  # overrides before and after --calibrate
 
 
 def main(argv: list[str] | None = None) -> int:

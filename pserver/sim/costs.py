@@ -9,7 +9,10 @@ learners cost no generators) and a learner's compute times do not depend on the 
   coefficient of variation ``sim.compute_cv``, × ``inject.learner_factor`` for the slow learner
   (the real trainer stretches its real compute so), plus ``inject.compute_time_for`` (the
   emulated compute the real trainer sleeps);
-* a message between a learner and its shard: ``sim.latency`` + bytes / ``sim.bandwidth``;
+* a message between a learner and its shard: ``sim.latency`` + bytes / ``sim.bandwidth``,
+  the latency of a pull's reply drawn lognormal (``sim.latency_cv``) per learner and request;
+* the job's start-up before the first minibatch (``sim.start_time``) and its end after the
+  last message (``sim.end_time``: the last test, the dump);
 * the shard: ``sim.message_time`` per message, plus ``sim.update_per_byte`` × the gradient's
   bytes per push, × ``inject.server_factor`` on the slow shard;
 * the data server: ``sim.data_time`` per minibatch, one at a time (a FIFO queue);
@@ -25,6 +28,7 @@ from pserver.plan.config import Config, SimConfig, inject_plan
 from pserver.plan.inject import InjectPlan, uniform
 
 COMPUTE_SALT = 0x51D  # keeps the compute draws apart from InjectPlan's delay draws
+REPLY_SALT = 0x8E9  # and the reply latencies apart from both
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,7 @@ class Costs:
         s, plan = self.sim, self.plan
         model = s.compute
         if s.compute_cv > 0.0:
-            model *= lognormal(s.compute_cv, self.seed, learner, step)
+            model *= lognormal(s.compute_cv, COMPUTE_SALT, self.seed, learner, step)
         if learner == plan.slow_learner:
             model *= plan.learner_factor
         return model + plan.compute_time_for(learner, self.batch)
@@ -53,6 +57,16 @@ class Costs:
         """Seconds from send to arrival of a header, with the model's bytes when ``payload``."""
         s = self.sim
         return s.latency + (self.nbytes / s.bandwidth if payload else 0.0)
+
+    def reply(self, payload: bool, learner: int, request: int) -> float:
+        """Seconds a pull's reply travels: ``latency`` (a lognormal draw of that mean when
+        ``sim.latency_cv`` > 0, per learner and request) plus the model's bytes when
+        ``payload``."""
+        s = self.sim
+        lat = s.latency
+        if s.latency_cv > 0.0:
+            lat *= lognormal(s.latency_cv, REPLY_SALT, self.seed, learner, request)
+        return lat + (self.nbytes / s.bandwidth if payload else 0.0)
 
     def service(self, shard: int, push: bool) -> float:
         """Seconds the shard spends on one message (a push carries a gradient to take)."""
@@ -65,7 +79,7 @@ def lognormal(cv: float, *key: int) -> float:
     """A lognormal draw of mean 1 and coefficient of variation ``cv``, a pure function of
     ``key`` (Box-Muller on two hashed uniforms)."""
     var = math.log1p(cv * cv)
-    u1 = uniform(COMPUTE_SALT, *key, 1) or 2.0**-53
-    u2 = uniform(COMPUTE_SALT, *key, 2)
+    u1 = uniform(*key, 1) or 2.0**-53
+    u2 = uniform(*key, 2)
     z = math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
     return math.exp(math.sqrt(var) * z - var / 2.0)

@@ -121,12 +121,12 @@ def simulate(cfg: Config, rid: str | None = None) -> Outcome:
             for k in range(n)
         ]  # fmt: skip
         for learner in shard.learners:
-            learner.start()
+            loop.after(cfg.sim.start_time, learner.start)
         loop.run()
         shard.end_rows(int(costs_bytes // np.dtype(cfg.model.dtype).itemsize))
         rows.close()
         wall = time.perf_counter() - started
-        sim_time = loop.now
+        sim_time = loop.now + cfg.sim.end_time
         rss = peak_rss_mib()
         writer.set_attrs(
             "/",

@@ -70,7 +70,7 @@ class SimLearner:
         self.freezes = index == costs.plan.freeze_learner  # inject.freeze_*
 
     def start(self) -> None:
-        self.next_batch = self.data.request(0.0)
+        self.next_batch = self.data.request(self.loop.now)
         self.compute(0.0)
 
     def compute(self, pull: float) -> None:

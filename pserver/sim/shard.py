@@ -180,7 +180,8 @@ class SimShard:
         payload = answer is Reply.WEIGHTS
         if payload:
             self.bytes_out += self.costs.nbytes
-        self.loop.after(self.costs.message(payload), self.learners[learner].on_reply, answer, a.ts)
+        trip = self.costs.reply(payload, learner, self.requests[learner])
+        self.loop.after(trip, self.learners[learner].on_reply, answer, a.ts)
 
     def answer_waiting(self) -> None:
         waiting, self.waiting = self.waiting, []
