@@ -10,7 +10,8 @@ What the dump measures and what is taken from it (docs/simulation.md, *Calibrati
 * ``message_time``: the shard's busy time (``servers``: ``run_time − wait_time``) over the
   messages it handled (a push and a pull per gradient, a goodbye per learner), less the
   per-byte part of the pushes;
-* ``latency``, ``latency_cv``: from the pulls (after a learner's first step): a pull waits
+* ``latency``, ``latency_cv``: from the pulls (after a learner's first step, without those
+  an ``[inject]`` delay held, which the simulation draws itself): a pull waits
   for the push's trip, the shard's handling of the push and the pull and the reply's trip,
   with the model's bytes each way, less the step's overhead, which runs before the pull is
   timed; the mean of the pulls gives ``latency``, the interquartile range of the log of what
@@ -78,7 +79,7 @@ def fit(dump: Dump, base: SimConfig) -> SimConfig:
     overhead = step_overhead(train, n)
     nbytes = model_bytes(dump)
     message = message_time(dump, base, nbytes)
-    pulls = train["pull_time"][:n][train["step"][:n] > 0]
+    pulls = train["pull_time"][:n][(train["step"][:n] > 0) & ~delayed(dump, train, n)]
     trips = 2 * nbytes / base.bandwidth + 2 * message + base.update_per_byte * nbytes
     mean_pull = float(np.mean(pulls)) if len(pulls) else 0.0
     # the step's overhead runs while the push travels: the pull is timed after it
@@ -89,6 +90,17 @@ def fit(dump: Dump, base: SimConfig) -> SimConfig:
     values.update(compute=mean, compute_cv=cv, step_overhead=overhead, latency=latency,
                   latency_cv=latency_cv, message_time=message, **ends(dump, train, n))
     return SimConfig(**values)
+
+
+def delayed(dump: Dump, train: dict, n: int) -> np.ndarray:
+    """The ``train`` rows whose pull had an injected delay (``delays``: a blocking learner's
+    request r is the pull before its step r + 1): the simulation adds those delays itself."""
+    d = dump.group("delays")
+    if not dump.rows("delays"):
+        return np.zeros(n, dtype=bool)
+    held = set(zip(d["learner"].tolist(), (d["request"] + 1).tolist(), strict=True))
+    pairs = zip(train["learner"][:n].tolist(), train["step"][:n].tolist(), strict=True)
+    return np.fromiter((p in held for p in pairs), dtype=bool, count=n)
 
 
 def log_iqr_cv(x: np.ndarray) -> float:
