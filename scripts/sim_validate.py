@@ -62,7 +62,12 @@ def simulated(out: Path, keys: list[str], fit_from: Path) -> Path:
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or b == 0 else a / b
+    """a / b; 1 where both are 0 (hardsync's σ: exact agreement), None where b alone is."""
+    if a is None or b is None:
+        return None
+    if b == 0:
+        return 1.0 if a == 0 else None
+    return a / b
 
 
 def spread(again: dict, first: dict) -> str:
