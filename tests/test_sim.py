@@ -113,11 +113,12 @@ def test_the_simulator_imports_no_mpi():
     assert r.returncode == 0, r.stderr
 
 
-def test_the_fit_recovers_the_cost_model_a_dump_was_simulated_with(tmp_path):
+@pytest.mark.parametrize("strategy", ["async", "hardsync"])  # hardsync: pulls wait for rounds
+def test_the_fit_recovers_the_cost_model_a_dump_was_simulated_with(tmp_path, strategy):
     known = {"compute": 0.004, "compute_cv": 0.2, "step_overhead": 1e-4, "latency": 5e-4,
              "latency_cv": 0.5, "message_time": 3e-5, "start_time": 0.15, "end_time": 0.05}
     # 12 epochs: ~1,000 pulls, so that the quartiles behind latency_cv are within ~5 %
-    dump = sim(tmp_path, "protocol.name=async", "inject.compute_time=0.01", "run.epochs=12",
+    dump = sim(tmp_path, f"protocol.name={strategy}", "inject.compute_time=0.01", "run.epochs=12",
                *(f"sim.{k}={v}" for k, v in known.items()))
     fitted = calibrate(dump.parent, SimConfig())
     for key, value in known.items():

@@ -14,8 +14,10 @@ What the dump measures and what is taken from it (docs/simulation.md, *Calibrati
   an ``[inject]`` delay held, which the simulation draws itself): a pull waits
   for the push's trip, the shard's handling of the push and the pull and the reply's trip,
   with the model's bytes each way, less the step's overhead, which runs before the pull is
-  timed; the mean of the pulls gives ``latency``, the interquartile range of the log of what
-  a pull waited beyond the push's trip the reply's ``latency_cv`` (:func:`log_iqr_cv`). On a
+  timed (under hardsync and psp only the pulls after the push that closed a round, which
+  waited for no other learner); the mean of the pulls gives ``latency``, the interquartile
+  range of the log of what a pull waited beyond the push's trip the reply's ``latency_cv``
+  (:func:`log_iqr_cv`). On a
   machine with more ranks than cores these are mostly the operating system's wake-ups;
 * ``start_time``: the median over learners of when their first minibatch began (its row's
   time less its compute and waits); ``end_time``: ``wall_time`` less the last ``train`` row's
@@ -39,6 +41,7 @@ from pserver.dump.reader import Dump, load_dump
 from pserver.errors import ConfigError
 from pserver.plan.config import SimConfig, build
 from pserver.plan.inject import InjectPlan
+from pserver.strategies import lookup
 
 #: the keys a fit sets (the others keep the config's values)
 FITTED = ("compute", "compute_cv", "step_overhead", "latency", "latency_cv", "message_time",
@@ -79,7 +82,10 @@ def fit(dump: Dump, base: SimConfig) -> SimConfig:
     overhead = step_overhead(train, n)
     nbytes = model_bytes(dump)
     message = message_time(dump, base, nbytes)
-    pulls = train["pull_time"][:n][(train["step"][:n] > 0) & ~delayed(dump, train, n)]
+    keep = (train["step"][:n] > 0) & ~delayed(dump, train, n)
+    if lookup(cfg.protocol.name).waits_for_update:  # a pull waits for the round: take those
+        keep &= closers(dump, train, n)  # that did not (the learner whose push closed it)
+    pulls = train["pull_time"][:n][keep]
     trips = 2 * nbytes / base.bandwidth + 2 * message + base.update_per_byte * nbytes
     mean_pull = float(np.mean(pulls)) if len(pulls) else 0.0
     # the step's overhead runs while the push travels: the pull is timed after it
@@ -90,6 +96,29 @@ def fit(dump: Dump, base: SimConfig) -> SimConfig:
     values.update(compute=mean, compute_cv=cv, step_overhead=overhead, latency=latency,
                   latency_cv=latency_cv, message_time=message, **ends(dump, train, n))
     return SimConfig(**values)
+
+
+def closers(dump: Dump, train: dict, n: int) -> np.ndarray:
+    """The ``train`` rows whose pull followed the push that closed a round (hardsync, psp):
+    that pull waited for no other learner. A learner's j-th gradient row is its step j, so
+    the pull after it is its step j + 1's."""
+    g = dump.group("gradients")
+    m = dump.rows("gradients")
+    out = np.zeros(n, dtype=bool)
+    if not m:
+        return out
+    learner, upd, t = g["learner"][:m], g["update"][:m], g["time"][:m]
+    step = np.zeros(m, dtype=np.int64)
+    for k in np.unique(learner):
+        mine = np.flatnonzero(learner == k)
+        step[mine[np.argsort(t[mine], kind="stable")]] = np.arange(len(mine))
+    last: dict[int, int] = {}
+    for i in np.flatnonzero(upd != -1):
+        if int(upd[i]) not in last or t[i] >= t[last[int(upd[i])]]:
+            last[int(upd[i])] = int(i)
+    wanted = {(int(learner[i]), int(step[i]) + 1) for i in last.values()}
+    pairs = zip(train["learner"][:n].tolist(), train["step"][:n].tolist(), strict=True)
+    return np.fromiter((p in wanted for p in pairs), dtype=bool, count=n)
 
 
 def delayed(dump: Dump, train: dict, n: int) -> np.ndarray:
