@@ -91,6 +91,7 @@ def test_both_event_loops_give_the_same_dump(tmp_path):
         (["cluster.learners=4", "blocks.count=2"], "blocks.count = 2"),
         (["cluster.learners=4", "sim.bandwidth=0"], "sim.bandwidth = 0.0"),
         (["cluster.learners=4", "sim.loop=fast"], "sim.loop = 'fast'"),
+        (["cluster.learners=4", "--calibrate", "no/such/run"], "no such dump file"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, overrides, says):
