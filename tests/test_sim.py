@@ -125,3 +125,32 @@ def test_the_fit_recovers_the_cost_model_a_dump_was_simulated_with(tmp_path, str
     for key, value in known.items():
         assert getattr(fitted, key) == pytest.approx(value, rel=0.1), key
     assert fitted.bandwidth == SimConfig().bandwidth  # not identifiable: kept
+
+
+def test_rows_written_in_batches_give_the_same_dump(tmp_path, monkeypatch):
+    import pserver.sim.rows as rows
+
+    whole = load_dump(sim(tmp_path, "protocol.name=softsync", "protocol.n=2", name="whole"))
+    monkeypatch.setattr(rows, "BATCH", 7)  # many appends of every group, clocks with them
+    parts = load_dump(sim(tmp_path, "protocol.name=softsync", "protocol.n=2", name="parts"))
+    assert whole.rows("gradients") > 7 * 10
+    for group in ("updates", "gradients", "staleness", "train", "learners"):
+        for col, values in whole.group(group).items():
+            assert np.array_equal(values, parts.group(group)[col], equal_nan=True), (group, col)
+    assert check_dump(parts) == []
+
+
+def test_two_hundred_learners_under_ssp_stay_within_the_bound(tmp_path):
+    keys = ("cluster.learners=200", "data.source=synthetic", "data.n_samples=40000",
+            "inject.slow_learner=0", "inject.learner_factor=3", "sim.compute=0.01")
+    spread = {}
+    for name, protocol in (("async", ["protocol.name=async"]),
+                           ("ssp", ["protocol.name=ssp", "protocol.s=2"])):
+        d = load_dump(sim(tmp_path, *protocol, *keys, name=name))
+        assert check_dump(d) == []
+        counts = np.bincount(d.group("train")["learner"], minlength=200)
+        spread[name] = int(counts.max() - counts.min())
+    # SSP (Ho et al.): a pull is answered only while the learner is at most s clocks ahead of
+    # the slowest, so no learner computes more than s + 1 minibatches beyond the slow one;
+    # without the bound the slow learner (3x) falls far behind
+    assert spread["ssp"] <= 2 + 1 < spread["async"]
