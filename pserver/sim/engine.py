@@ -1,0 +1,159 @@
+"""Build a simulated run from a config, run it on an event loop, write its dump.
+
+``simulate(cfg)`` is the whole of ``pserver-sim CONFIG``: λ = ``cluster.learners``, one shard
+(``pserver.sim.shard``), λ blocking learners (``pserver.sim.learner``), the cost model of
+``[sim]`` and ``[inject]`` (``pserver.sim.costs``), and the dump in ``run.out_dir`` with the
+real run's schema and a ``simulated`` root attribute. What is simulated and what is refused:
+:func:`check_supported` and docs/simulation.md.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import socket
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pserver import __version__
+from pserver.dump.writer import StatsWriter
+from pserver.errors import ConfigError
+from pserver.plan.config import Config, pull_timestamp
+from pserver.protocols.partial_pull import PullRule
+from pserver.runtime.outdir import check_out_dir
+from pserver.runtime.rundir import DUMP_NAME, expand, point_latest, run_id
+from pserver.sim.costs import Costs
+from pserver.sim.learner import DataServer, SimLearner
+from pserver.sim.loop import make_loop
+from pserver.sim.rows import Rows
+from pserver.sim.shard import SimShard
+from pserver.strategies import lookup
+
+#: the strategies a simulation runs (docs/simulation.md); the others are refused at start
+SIMULATED = ("hardsync", "softsync", "async", "psp", "ssp")
+MAX_LEARNERS = 100_000
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a simulation did, for the command's last line and the scale figures."""
+
+    dump: Path
+    sim_time: float  # simulated seconds
+    wall: float  # real seconds the simulation took
+    events: int
+    updates: int
+    peak_rss_mib: float
+
+
+def check_supported(cfg: Config) -> int:
+    """λ of a run the simulator can do; ``ConfigError`` naming what it cannot."""
+    name = cfg.protocol.name
+    if name not in SIMULATED:
+        raise ConfigError(
+            f"protocol.name = {name!r} is not simulated; pserver-sim runs "
+            f"{', '.join(SIMULATED)} (docs/simulation.md)"
+        )
+    n = cfg.cluster.learners
+    if not 1 <= n <= MAX_LEARNERS:
+        raise ConfigError(
+            f"cluster.learners = {n}: pserver-sim needs λ as cluster.learners, 1 to "
+            f"{MAX_LEARNERS:,}"
+        )
+    limits = {
+        "cluster.servers": (cfg.cluster.servers, 1),
+        "blocks.count": (cfg.blocks.count, 1),
+        "cluster.tree_fanout": (cfg.cluster.tree_fanout, 0),
+        "cluster.bcast_fanout": (cfg.cluster.bcast_fanout, 0),
+    }
+    for key, (value, only) in limits.items():
+        if value != only:
+            raise ConfigError(
+                f"{key} = {value}: pserver-sim simulates one shard with one block, no trees; "
+                f"set {key} = {only}"
+            )
+    if cfg.comm.mode != "blocking" or cfg.protocol.predict or cfg.blocks.split != "size":
+        raise ConfigError(
+            'pserver-sim simulates comm.mode = "blocking", blocks.split = "size" and no '
+            "protocol.predict: set those"
+        )
+    return n
+
+
+def model_bytes(cfg: Config) -> tuple[int, int]:
+    """(bytes of the model, training samples per epoch), from the shapes alone: the dataset is
+    described, never loaded (``learners.data.describe_dataset``)."""
+    from learners.data import describe_dataset
+    from learners.models import build_model
+
+    ds = describe_dataset(cfg.data, cfg.run.seed)
+    model = build_model(cfg.model, ds.n_features, ds.n_classes, np)
+    return int(model.n_params) * np.dtype(model.dtype).itemsize, int(ds.n_train)
+
+
+def simulate(cfg: Config, rid: str | None = None) -> Outcome:
+    """Run the simulation ``cfg`` describes and write its dump; returns what it did."""
+    started = time.perf_counter()
+    n = check_supported(cfg)
+    lookup(cfg.protocol.name).protocol(cfg, n)  # a protocol that cannot run with λ fails here
+    costs_bytes, train_size = model_bytes(cfg)
+    cfg.run.out_dir, latest = expand(cfg.run.out_dir, cfg.run.name, rid or run_id())
+    dump = check_out_dir(cfg.run.out_dir, DUMP_NAME, cfg.run.overwrite)
+    writer = StatsWriter(dump, root_attrs(cfg, n), flush_interval=3600.0)
+    if latest is not None:
+        point_latest(latest, dump.parent)
+    with writer:
+        rows = Rows(writer)
+        loop = make_loop(cfg.sim.loop)
+        costs = Costs.from_config(cfg, costs_bytes)
+        shard = SimShard(loop, cfg, costs, rows, n, train_size)
+        data = DataServer(cfg.sim.data_time)
+        rule, waits = pull_timestamp(cfg), lookup(cfg.protocol.name).waits_for_update
+        p = cfg.protocol
+        shard.learners = [
+            SimLearner(k, loop, costs, rows, shard, data, PullRule(rule, waits),
+                       p.pull_fraction, p.tau2)
+            for k in range(n)
+        ]  # fmt: skip
+        for learner in shard.learners:
+            loop.after(cfg.sim.start_time, learner.start)
+        loop.run()
+        shard.end_rows(int(costs_bytes // np.dtype(cfg.model.dtype).itemsize))
+        rows.close()
+        wall = time.perf_counter() - started
+        sim_time = loop.now + cfg.sim.end_time
+        rss = peak_rss_mib()
+        writer.set_attrs(
+            "/",
+            finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            wall_time=sim_time,
+            simulated={"loop": cfg.sim.loop, "events": loop.events, "seconds": wall,
+                       "peak_rss_mib": rss, "cost_model": asdict(cfg.sim)},
+        )  # fmt: skip
+    return Outcome(dump, sim_time, wall, loop.events, shard.block.ts, rss)
+
+
+def root_attrs(cfg: Config, n: int) -> dict[str, Any]:
+    """The root attributes a real run's statistics server writes that mean something here."""
+    return {
+        "config": cfg.to_dict(),
+        "protocol": cfg.protocol.name,
+        "n_learners": n,
+        "n_servers": cfg.cluster.servers,
+        "world_size": cfg.cluster.servers + 2 + n,
+        "pserver_version": __version__,
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "run_dir": cfg.run.out_dir,
+        "simulated": json.dumps({"loop": cfg.sim.loop}),
+    }
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far, in MiB (``ru_maxrss`` is in KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
