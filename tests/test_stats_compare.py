@@ -79,6 +79,17 @@ def test_labels_of_equal_configs_fall_back_to_the_paths():
     assert labels([a, b], ["runs/a", "runs/b"]) == ["runs/a", "runs/b"]
 
 
+def test_a_key_an_older_dump_lacks_counts_as_its_default():
+    """A dump written before ``[sim]`` or ``stats.tensorboard`` existed is not labelled by them:
+    the run did what the default does."""
+    new = flatten(config(out="runs/new"))
+    old = {k: v for k, v in new.items() if not k.startswith("sim.") and k != "stats.tensorboard"}
+    assert differing_keys([old, new]) == []
+    changed = dict(new, **{"sim.latency": 0.5})
+    assert differing_keys([old, changed]) == ["sim.latency"]
+    assert differing_keys([{**old, "x.unknown": 1}, new]) == ["x.unknown"]
+
+
 def test_flatten_keeps_lists_as_values():
     assert flatten({"optim": {"lr_milestones": [10, 15]}}) == {"optim.lr_milestones": (10, 15)}
 

@@ -26,6 +26,8 @@ NOISE_KEYS = frozenset(
         "run.log_level",
         "stats.progress",
         "stats.flush_interval",
+        "stats.progress_every",
+        "stats.tensorboard",
         "cluster.learners",  # 0 means "the ranks left": λ itself is n_learners
     }
 )
@@ -72,17 +74,27 @@ def run_config(dump: Dump) -> dict[str, Any]:
     return flat
 
 
+def defaults() -> dict[str, Any]:
+    """Every key's default, flattened as the dumps' configs are."""
+    from pserver.plan.config import Config
+
+    return flatten(Config().to_dict())
+
+
 def differing_keys(configs: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The keys whose value is not the same in every config (a missing key counts as a value),
-    leaving out :data:`NOISE_KEYS`; in the configs' key order, ``protocol.name`` first."""
+    """The keys whose value is not the same in every config, leaving out :data:`NOISE_KEYS`; in
+    the configs' key order, ``protocol.name`` first. A key missing from a config (a dump written
+    before the key existed) counts as its default, which is what that run did; a key no
+    version knows counts as a value of its own."""
     keys: dict[str, None] = {}
     for cfg in configs:
         keys.update(dict.fromkeys(cfg))
-    missing = object()
+    missing, known = object(), defaults()
     differ = [
         k
         for k in keys
-        if k not in NOISE_KEYS and len({repr(c.get(k, missing)) for c in configs}) > 1
+        if k not in NOISE_KEYS
+        and len({repr(c.get(k, known.get(k, missing))) for c in configs}) > 1
     ]
     return sorted(differ, key=lambda k: (k != "protocol.name", list(keys).index(k)))
 
