@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import sys
 import threading
 import time
@@ -31,6 +32,9 @@ ALLREDUCE_PEERS = "the learners' allreduce"
 SUSPENDED = 1.0  # a sleep ending this much later than asked: the process did not run (StallClock)
 PR_SET_TIMERSLACK = 29  # prctl(2)
 TIMER_SLACK_NS = 1000
+#: the longest sleep crowding may stretch comm.poll_max to (crowded_poll_max): a message to an
+#: idle rank is seen at most this late
+MAX_CROWDED_POLL = 0.02
 
 _slack = threading.local()
 
@@ -45,6 +49,32 @@ def tighten_timer_slack() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_TIMERSLACK, TIMER_SLACK_NS, 0, 0, 0)
         except (OSError, AttributeError):  # no prctl: sleeps are just less punctual
             pass
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask; else the machine's count)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):  # not Linux
+        return max(os.cpu_count() or 1, 1)
+
+
+def crowded_poll_max(poll_max: float, ranks_here: int, cores: int | None = None) -> float:
+    """The longest sleep of a wait on a node where ``ranks_here`` ranks share ``cores`` cores:
+    ``poll_max`` times the ranks per core when there are more ranks than cores, else
+    ``poll_max``, never above ``MAX_CROWDED_POLL``.
+
+    Each test of an idle rank costs ~20-40 µs of CPU (a Python call and ``MPI_Test``), so a
+    rank sleeping ``poll_max`` = 1 ms between tests uses 2-4 % of a core, and 130 such ranks
+    on 2 cores wake 130,000 times a second: more CPU than the compute they wait for
+    (docs/performance.md, *Learners on two cores*). Scaled, the node's wake-ups stay about
+    ``cores / poll_max`` per second whatever the number of ranks, and the added latency is
+    what a crowded node's scheduler already imposes: with r ranks per core a woken rank waits
+    for its turn on a core behind up to r others anyway.
+    """
+    cores = usable_cores() if cores is None else max(cores, 1)
+    crowd = max(ranks_here / cores, 1.0)
+    return min(poll_max * crowd, max(poll_max, MAX_CROWDED_POLL))
 
 
 class Backoff:

@@ -19,13 +19,14 @@ from dataclasses import asdict
 from typing import IO
 
 from pserver import __version__
-from pserver.comm.waiting import PeerLog, Waiter
+from pserver.comm.waiting import PeerLog, Waiter, crowded_poll_max
 from pserver.errors import PeerLost, RunError
 from pserver.job.launchcheck import lone_rank
 from pserver.plan.config import CommConfig, load_config, unread
 from pserver.plan.topology import Role
 from pserver.plan.unused import unread_line
 from pserver.runtime.logs import setup_logging, wait_until_read
+from pserver.runtime.phases import PHASES
 from pserver.runtime.rundir import run_id
 from pserver.runtime.startup import agree, failure_message, outcome, status_of
 from pserver.strategies import LOCAL_STEPS, PS, PS_OVERLAP, lookup
@@ -68,8 +69,11 @@ def parse_args(argv: list[str] | None, rank: int = 0) -> argparse.Namespace:
     args = p.parse_intermixed_args(argv)  # CONFIG --resume DIR key=value: any order
     args.given = list(args.overrides)  # before --resume adds its own (check_out_dir)
     if args.resume is not None:  # the dump continues in place, next to the checkpoint
-        args.overrides = [*args.overrides, f"run.out_dir={json.dumps(args.resume)}",
-                          "run.overwrite=true"]
+        args.overrides = [
+            *args.overrides,
+            f"run.out_dir={json.dumps(args.resume)}",
+            "run.overwrite=true",
+        ]
     return args
 
 
@@ -84,6 +88,7 @@ def out_dir_overrides(overrides: list[str], name: str, rid: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    PHASES.mark("imports")  # the interpreter's start and this module's imports
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
@@ -101,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     # one run id for every rank (its run directory, pserver.runtime.rundir): rank 0's, collectively
     rid = world.bcast(run_id() if rank == 0 else None, root=0)
     learners = learner_comm(world, learner_ranks(args.config, args.overrides, size, nodes))
+    PHASES.mark("mpi init")  # MPI_Init, the node census, the learners' communicator
     peers = PeerLog(roster)
     log = setup_logging(rank, "starting")
     ctx, error, comm = None, None, CommConfig()
@@ -112,9 +118,12 @@ def main(argv: list[str] | None = None) -> int:
             check_out_dir(args.resume, out_dir_overrides(args.given, cfg.run.name, rid))
         comm = cfg.comm
         log = setup_logging(rank, "starting", cfg.run.log_level)
+        PHASES.attach(log)
+        PHASES.mark("config")
         if rank == 0 and unread(cfg):  # once per run: a comparison's file, not a mistake
             log.info("%s", unread_line(unread(cfg)))
         ctx = prepare(cfg, size, rank, log, local, nodes, peers, rid=rid)
+        PHASES.mark("prepare")  # the dataset read (data and stats servers), the model
         ctx.learner_comm = learners
         ctx.hosts = [p.host for p in roster.procs]
         ctx.pids = [p.pid for p in roster.procs]
@@ -135,9 +144,11 @@ def main(argv: list[str] | None = None) -> int:
             refuse_periodic(cfg)
     except BaseException as e:  # every failure must reach the agreement, or the others hang
         error = e
-    waiter = Waiter(log, peers, comm.poll_min, comm.poll_max, comm.stall_timeout)
+    poll_max = crowded_poll_max(comm.poll_max, local[1])  # local[1]: the ranks of this node
+    waiter = Waiter(log, peers, comm.poll_min, poll_max, comm.stall_timeout)
     try:
         statuses = agree(world, status_of(error), waiter)
+        PHASES.mark("agreement")
     except PeerLost as e:  # a rank died before the agreement: nobody can train
         die(f"pserver-run: error: rank {rank} on {socket.gethostname()} {e}", world)
         return 1  # not reached
@@ -238,14 +249,18 @@ def run(ctx, world) -> int:  # noqa: ANN001 - Context and MPI.Comm, imported laz
         )
     # the server may still be loading its update's imports: a blocking Barrier spins MPICH's
     # progress engine on every other rank meanwhile (~1 s of CPU each per launch)
+    PHASES.mark("setup")  # channels, BLAS limit, initial weights, the server's imports
     ctx.waiter().wait(world.Ibarrier(), "every rank to be ready to train (the start barrier)")
+    PHASES.mark("start barrier")
     # a resumed run's clock goes on from the checkpointed run's (the dump's times continue)
     ctx.t0 = time.time() - (ctx.resume.elapsed if ctx.resume is not None else 0.0)
     # one part, or one per periodic checkpoint (each driver built from the last one's state)
     code = run_parts(ctx, world, lambda: DRIVERS[ctx.role](ctx, weights))
+    PHASES.mark("training")  # the driver's run, its final dump and checkpoint included
     if ctx.shm is not None:
         ctx.shm.free()
     ctx.channels.free()
+    PHASES.mark("finish")
     return code
 
 

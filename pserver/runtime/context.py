@@ -17,7 +17,7 @@ from typing import Any
 from pserver.comm.channels import Channels
 from pserver.comm.liveness import Roster, this_process
 from pserver.comm.records import RecordBuffer
-from pserver.comm.waiting import PeerLog, Waiter
+from pserver.comm.waiting import PeerLog, Waiter, crowded_poll_max
 from pserver.errors import ConfigError
 from pserver.plan.config import Config, check_fail_learner, inject_plan
 from pserver.plan.limits import NodeBudget, RunSizes, available_memory, check_blas_threads
@@ -78,7 +78,13 @@ class Context:
 
     def waiter(self) -> Waiter:
         c = self.cfg.comm
-        return Waiter(self.log, self.peers, c.poll_min, c.poll_max, c.stall_timeout)
+        return Waiter(self.log, self.peers, c.poll_min, self.poll_max(), c.stall_timeout)
+
+    def poll_max(self) -> float:
+        """``comm.poll_max`` stretched by the ranks per core of this rank's node
+        (:func:`pserver.comm.waiting.crowded_poll_max`)."""
+        here = self.nodes.count(self.nodes[self.rank]) if self.nodes else 1
+        return crowded_poll_max(self.cfg.comm.poll_max, here)
 
     def records(self) -> RecordBuffer:
         assert self.channels is not None
@@ -179,7 +185,16 @@ def prepare(
     peers = peers if peers is not None else PeerLog()
     peers.names = layout.describe
     return Context(
-        cfg, layout, rank, dataset, model, blocks, log, backend, nodes=nodes, peers=peers,
+        cfg,
+        layout,
+        rank,
+        dataset,
+        model,
+        blocks,
+        log,
+        backend,
+        nodes=nodes,
+        peers=peers,
         latest=latest,
     )
 
@@ -293,7 +308,7 @@ def check_shared_memory(
         raise ConfigError(
             f'comm.transport = "shm" needs {need / 2**20:.0f} MiB of shared memory per node '
             f"(weight versions + one gradient slot per learner), but {shm_dir} has "
-            f"{free / 2**20:.0f} MiB free: use comm.transport = \"messages\", more blocks or "
+            f'{free / 2**20:.0f} MiB free: use comm.transport = "messages", more blocks or '
             "shards, or a larger /dev/shm"
         )
 

@@ -1,0 +1,41 @@
+"""A rank's phase timings (pserver.runtime.phases) and the crowded node's back-off ceiling."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+
+from pserver.comm.waiting import MAX_CROWDED_POLL, crowded_poll_max
+from pserver.runtime.phases import PREFIX, Phases, process_start
+
+
+def test_process_start_is_before_now_and_after_a_plausible_start():
+    started = process_start()
+    assert started <= time.time()
+    assert time.time() - started < 24 * 3600  # this test process, not boot time
+
+
+def test_each_phase_counts_from_the_previous_one(caplog):
+    phases = Phases(start=time.time())
+    phases.mark("first")
+    time.sleep(0.02)  # a phase of a known least length, not a wait for another thread
+    phases.mark("second")
+    assert [n for n, _, _ in phases.done] == ["first", "second"]
+    assert phases.done[1][1] >= 0.02 > phases.done[0][1]
+    log = logging.getLogger("test_phases")
+    with caplog.at_level(logging.DEBUG, logger="test_phases"):
+        phases.attach(log)  # the phases ended before the logger existed are logged now
+        phases.mark("third")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3
+    pattern = re.compile(re.escape(PREFIX) + r"[a-z]+: [0-9.]+ s wall, [0-9.]+ s CPU")
+    assert all(pattern.fullmatch(x) for x in lines)  # what scripts/bench_startup.py parses
+
+
+def test_crowded_poll_max_scales_with_ranks_per_core():
+    assert crowded_poll_max(1e-3, 2, cores=2) == 1e-3  # a rank per core: unchanged
+    assert crowded_poll_max(1e-3, 1, cores=16) == 1e-3
+    assert crowded_poll_max(1e-3, 7, cores=2) == 3.5e-3
+    assert crowded_poll_max(1e-3, 131, cores=2) == MAX_CROWDED_POLL  # capped
+    assert crowded_poll_max(0.5, 131, cores=2) == 0.5  # a user's longer poll_max stays
