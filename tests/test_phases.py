@@ -6,7 +6,13 @@ import logging
 import re
 import time
 
-from pserver.comm.waiting import MAX_CROWDED_POLL, crowded_poll_max
+from pserver.comm.waiting import (
+    MAX_CROWDED_POLL,
+    SPIN_TESTS,
+    Backoff,
+    crowded_poll_max,
+    crowded_spin,
+)
 from pserver.runtime.phases import PREFIX, Phases, process_start
 
 
@@ -39,3 +45,11 @@ def test_crowded_poll_max_scales_with_ranks_per_core():
     assert crowded_poll_max(1e-3, 7, cores=2) == 3.5e-3
     assert crowded_poll_max(1e-3, 131, cores=2) == MAX_CROWDED_POLL  # capped
     assert crowded_poll_max(0.5, 131, cores=2) == 0.5  # a user's longer poll_max stays
+
+
+def test_crowded_spin_divides_the_spinning_tests_by_ranks_per_core():
+    assert crowded_spin(2, cores=2) == SPIN_TESTS
+    assert crowded_spin(8, cores=2) == SPIN_TESTS // 4
+    assert crowded_spin(1000, cores=2) == 1  # at least one test before a sleep
+    backoff = Backoff(1e-5, 1e-3, spin=3)
+    assert [backoff.next_sleep() > 0 for _ in range(4)] == [False, False, True, True]

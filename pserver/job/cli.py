@@ -19,7 +19,7 @@ from dataclasses import asdict
 from typing import IO
 
 from pserver import __version__
-from pserver.comm.waiting import PeerLog, Waiter, crowded_poll_max
+from pserver.comm.waiting import PeerLog, Waiter, crowded_poll_max, crowded_spin
 from pserver.errors import PeerLost, RunError
 from pserver.job.launchcheck import lone_rank
 from pserver.plan.config import CommConfig, load_config, unread
@@ -69,11 +69,8 @@ def parse_args(argv: list[str] | None, rank: int = 0) -> argparse.Namespace:
     args = p.parse_intermixed_args(argv)  # CONFIG --resume DIR key=value: any order
     args.given = list(args.overrides)  # before --resume adds its own (check_out_dir)
     if args.resume is not None:  # the dump continues in place, next to the checkpoint
-        args.overrides = [
-            *args.overrides,
-            f"run.out_dir={json.dumps(args.resume)}",
-            "run.overwrite=true",
-        ]
+        args.overrides = [*args.overrides, f"run.out_dir={json.dumps(args.resume)}",
+                          "run.overwrite=true"]
     return args
 
 
@@ -144,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
             refuse_periodic(cfg)
     except BaseException as e:  # every failure must reach the agreement, or the others hang
         error = e
-    poll_max = crowded_poll_max(comm.poll_max, local[1])  # local[1]: the ranks of this node
-    waiter = Waiter(log, peers, comm.poll_min, poll_max, comm.stall_timeout)
+    here = local[1]  # the ranks of this node: a crowded node's waits sleep longer, spin less
+    poll_max = crowded_poll_max(comm.poll_max, here)
+    waiter = Waiter(log, peers, comm.poll_min, poll_max, comm.stall_timeout, crowded_spin(here))
     try:
         statuses = agree(world, status_of(error), waiter)
         PHASES.mark("agreement")

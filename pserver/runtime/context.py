@@ -17,7 +17,7 @@ from typing import Any
 from pserver.comm.channels import Channels
 from pserver.comm.liveness import Roster, this_process
 from pserver.comm.records import RecordBuffer
-from pserver.comm.waiting import PeerLog, Waiter, crowded_poll_max
+from pserver.comm.waiting import PeerLog, Waiter, crowded_poll_max, crowded_spin
 from pserver.errors import ConfigError
 from pserver.plan.config import Config, check_fail_learner, inject_plan
 from pserver.plan.limits import NodeBudget, RunSizes, available_memory, check_blas_threads
@@ -77,14 +77,14 @@ class Context:
         return time.time() - self.t0
 
     def waiter(self) -> Waiter:
+        """A Waiter with ``[comm]``'s back-off, stretched by the ranks per core of this rank's
+        node (:func:`pserver.comm.waiting.crowded_poll_max`, :func:`~.crowded_spin`)."""
         c = self.cfg.comm
-        return Waiter(self.log, self.peers, c.poll_min, self.poll_max(), c.stall_timeout)
-
-    def poll_max(self) -> float:
-        """``comm.poll_max`` stretched by the ranks per core of this rank's node
-        (:func:`pserver.comm.waiting.crowded_poll_max`)."""
         here = self.nodes.count(self.nodes[self.rank]) if self.nodes else 1
-        return crowded_poll_max(self.cfg.comm.poll_max, here)
+        return Waiter(
+            self.log, self.peers, c.poll_min, crowded_poll_max(c.poll_max, here),
+            c.stall_timeout, crowded_spin(here),
+        )  # fmt: skip
 
     def records(self) -> RecordBuffer:
         assert self.channels is not None
@@ -185,16 +185,7 @@ def prepare(
     peers = peers if peers is not None else PeerLog()
     peers.names = layout.describe
     return Context(
-        cfg,
-        layout,
-        rank,
-        dataset,
-        model,
-        blocks,
-        log,
-        backend,
-        nodes=nodes,
-        peers=peers,
+        cfg, layout, rank, dataset, model, blocks, log, backend, nodes=nodes, peers=peers,
         latest=latest,
     )
 
@@ -308,7 +299,7 @@ def check_shared_memory(
         raise ConfigError(
             f'comm.transport = "shm" needs {need / 2**20:.0f} MiB of shared memory per node '
             f"(weight versions + one gradient slot per learner), but {shm_dir} has "
-            f'{free / 2**20:.0f} MiB free: use comm.transport = "messages", more blocks or '
+            f"{free / 2**20:.0f} MiB free: use comm.transport = \"messages\", more blocks or "
             "shards, or a larger /dev/shm"
         )
 
