@@ -1,10 +1,15 @@
-"""A rank's phase timings (pserver.runtime.phases) and the crowded node's back-off ceiling."""
+"""A rank's phase timings (pserver.runtime.phases), the crowded node's back-off, and a rank's
+own session (pserver.runtime.session)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 from pserver.comm.waiting import (
     MAX_CROWDED_POLL,
@@ -14,6 +19,9 @@ from pserver.comm.waiting import (
     crowded_spin,
 )
 from pserver.runtime.phases import PREFIX, Phases, process_start
+from pserver.runtime.session import LAUNCHED
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_process_start_is_before_now_and_after_a_plausible_start():
@@ -53,3 +61,27 @@ def test_crowded_spin_divides_the_spinning_tests_by_ranks_per_core():
     assert crowded_spin(1000, cores=2) == 1  # at least one test before a sleep
     backoff = Backoff(1e-5, 1e-3, spin=3)
     assert [backoff.next_sleep() > 0 for _ in range(4)] == [False, False, True, True]
+
+
+def run_child(env: dict[str, str]) -> list[str]:
+    """A child process that leads its own process group (as Open MPI starts a rank) calls
+    own_session; what it then is."""
+    code = (
+        "import os; os.setpgid(0, 0); from pserver.runtime.session import own_session; "
+        "s = own_session(); print(s, os.getsid(0) == os.getpid(), os.getpgid(0) == os.getpid())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+        timeout=60, check=True,
+    )  # fmt: skip
+    return out.stdout.split()
+
+
+def test_a_launched_rank_gets_a_session_and_keeps_its_process_group():
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHED}
+    assert run_child({**env, "PMIX_RANK": "0"}) == ["True", "True", "True"]
+
+
+def test_a_process_not_launched_by_mpi_stays_in_its_session():
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHED}
+    assert run_child(env) == ["False", "False", "True"]

@@ -28,6 +28,7 @@ from pserver.plan.unused import unread_line
 from pserver.runtime.logs import setup_logging, wait_until_read
 from pserver.runtime.phases import PHASES
 from pserver.runtime.rundir import run_id
+from pserver.runtime.session import own_session
 from pserver.runtime.startup import agree, failure_message, outcome, status_of
 from pserver.strategies import LOCAL_STEPS, PS, PS_OVERLAP, lookup
 from pserver.strategies.adpsgd import GOSSIP
@@ -86,6 +87,7 @@ def out_dir_overrides(overrides: list[str], name: str, rid: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     PHASES.mark("imports")  # the interpreter's start and this module's imports
+    own_session()  # the CPU share MPICH's ranks get on a shared machine (runtime/session.py)
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
