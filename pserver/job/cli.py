@@ -9,6 +9,13 @@ any rank aborts the whole job with a message naming the rank and host: never a h
 
 from __future__ import annotations
 
+from pserver.runtime.session import own_session
+
+# ruff: noqa: E402 - the imports below come after own_session() on purpose
+# first, before numpy, h5py and MPI_Init: a rank in its caller's session shares one process's
+# CPU with every other rank of an Open MPI job on a loaded machine (pserver/runtime/session.py)
+own_session()
+
 import argparse
 import json
 import socket
@@ -28,7 +35,6 @@ from pserver.plan.unused import unread_line
 from pserver.runtime.logs import setup_logging, wait_until_read
 from pserver.runtime.phases import PHASES
 from pserver.runtime.rundir import run_id
-from pserver.runtime.session import own_session
 from pserver.runtime.startup import agree, failure_message, outcome, status_of
 from pserver.strategies import LOCAL_STEPS, PS, PS_OVERLAP, lookup
 from pserver.strategies.adpsgd import GOSSIP
@@ -87,7 +93,6 @@ def out_dir_overrides(overrides: list[str], name: str, rid: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     PHASES.mark("imports")  # the interpreter's start and this module's imports
-    own_session()  # the CPU share MPICH's ranks get on a shared machine (runtime/session.py)
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
