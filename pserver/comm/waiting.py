@@ -64,10 +64,10 @@ def crowded_poll_max(poll_max: float, ranks_here: int, cores: int | None = None)
     ``poll_max`` times the ranks per core when there are more ranks than cores, else
     ``poll_max``, never above ``MAX_CROWDED_POLL``.
 
-    Each test of an idle rank costs ~20-40 µs of CPU (a Python call and ``MPI_Test``), so a
-    rank sleeping ``poll_max`` = 1 ms between tests uses 2-4 % of a core, and 130 such ranks
-    on 2 cores wake 130,000 times a second: more CPU than the compute they wait for
-    (docs/performance.md, *Learners on two cores*). Scaled, the node's wake-ups stay about
+    Every test of an idle rank costs CPU (a Python call and ``MPI_Test``); with ``poll_max``
+    alone, a hundred ranks on two cores woke so often that their tests took more CPU than the
+    compute they waited for (docs/performance.md, *Learners on two cores*, has the figures and
+    ``scripts/bench_scaling.py`` measures them). Scaled, the node's wake-ups stay about
     ``cores / poll_max`` per second whatever the number of ranks, and the added latency is
     what a crowded node's scheduler already imposes: with r ranks per core a woken rank waits
     for its turn on a core behind up to r others anyway.
@@ -79,8 +79,8 @@ def crowded_poll_max(poll_max: float, ranks_here: int, cores: int | None = None)
 def crowded_spin(ranks_here: int, cores: int | None = None) -> int:
     """The tests a wait makes before its first sleep: ``SPIN_TESTS`` divided by the ranks per
     core. Spinning pays when the reply is on its way from another core; on a crowded node the
-    peer that must send it needs the very core the spinning rank holds, and 64 tests cost
-    ~1 ms of CPU per wait (0.5 % of a core for a learner waiting 0.2 s per round)."""
+    peer that must send it needs the very core the spinning rank holds (docs/performance.md,
+    *Learners on two cores*)."""
     return max(1, int(SPIN_TESTS / crowding(ranks_here, cores)))
 
 

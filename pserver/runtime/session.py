@@ -6,9 +6,9 @@ Linux's scheduler shares the CPU between sessions first (autogroups,
 MPICH's Hydra starts every rank in a new session; Open MPI's ``prterun`` keeps all ranks in
 the session of whoever called ``mpiexec`` (each rank leads its own process group). On a
 machine that other users load, a 7-rank Open MPI job therefore got the CPU share of one
-process where an MPICH job got seven: a 1-epoch quickstart took 6-16 s against 2.4-3.5 s
-under MPICH with the same CPU time, and its waits woke hundreds of ms late
-(docs/performance.md, *Open MPI and MPICH*). With a session per rank it took 3.3-4.6 s.
+process where an MPICH job got seven: the same CPU time took several times the wall time,
+and its waits woke late (docs/performance.md, *Open MPI and MPICH*, has the figures and
+``scripts/bench_startup.py --openmpi`` measures them).
 
 A rank that leads its process group cannot call ``setsid``; it first joins its parent's
 group (same session, so allowed), then starts a session, whose group id is again its own
