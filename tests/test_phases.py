@@ -72,7 +72,7 @@ def run_child(env: dict[str, str]) -> list[str]:
     )
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
-        timeout=60, check=True,
+        timeout=60, check=True, stdin=subprocess.DEVNULL,  # as a launcher starts a rank
     )  # fmt: skip
     return out.stdout.split()
 

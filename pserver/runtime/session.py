@@ -27,11 +27,12 @@ LAUNCHED = ("PMIX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 def own_session(environ: Mapping[str, str] | None = None) -> bool:
     """Make this rank a session (and autogroup) of its own; True if it now is one.
 
-    Nothing is changed for a process not started by a launcher (a terminal's foreground
-    process group must keep getting Ctrl-C) or one that already leads its session.
+    Nothing is changed for a process not started by a launcher, one that reads a terminal
+    (e.g. an interactive Python inside ``srun --pty``: its terminal's Ctrl-C must still reach
+    it; a launcher gives its ranks a pipe or /dev/null) or one that already leads its session.
     """
     env = os.environ if environ is None else environ
-    if not hasattr(os, "setsid") or not any(k in env for k in LAUNCHED):
+    if not hasattr(os, "setsid") or not any(k in env for k in LAUNCHED) or _on_terminal():
         return False
     pid = os.getpid()
     if os.getsid(0) == pid:
@@ -47,4 +48,11 @@ def own_session(environ: Mapping[str, str] | None = None) -> bool:
                 os.setpgid(0, 0)  # back to a group of its own, as the launcher made it
             except OSError:
                 pass
+        return False
+
+
+def _on_terminal() -> bool:
+    try:
+        return os.isatty(0)
+    except (OSError, ValueError):  # stdin closed
         return False
