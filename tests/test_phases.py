@@ -19,7 +19,7 @@ from pserver.comm.waiting import (
     crowded_spin,
 )
 from pserver.runtime.phases import PREFIX, Phases, process_start
-from pserver.runtime.session import LAUNCHED
+from pserver.runtime.session import LAUNCHED, OPEN_MPI_DEFAULTS, mpi_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,3 +85,13 @@ def test_a_launched_rank_gets_a_session_and_keeps_its_process_group():
 def test_a_process_not_launched_by_mpi_stays_in_its_session():
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHED}
     assert run_child(env) == ["False", "False", "True"]
+
+
+def test_open_mpi_defaults_only_where_the_user_left_them_unset():
+    launched = {"PMIX_RANK": "0"}
+    env = dict(launched)
+    assert mpi_defaults(env) == OPEN_MPI_DEFAULTS
+    assert env == {**launched, **OPEN_MPI_DEFAULTS}
+    mine = {**launched, "OMPI_MCA_btl": "self,tcp"}
+    assert mpi_defaults(mine) == {} and mine["OMPI_MCA_btl"] == "self,tcp"
+    assert mpi_defaults({}) == {}  # not under a launcher: nothing set

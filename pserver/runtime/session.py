@@ -1,5 +1,6 @@
-"""A session of its own for each rank, as MPICH's launcher gives it: the CPU share of a rank
-on a shared machine must not depend on which MPI launched it.
+"""What a rank does before anything else, so that its start and CPU share do not depend on
+which MPI launched it: a session of its own, as MPICH's launcher gives it (:func:`own_session`),
+and Open MPI's start without its slowest probe (:func:`mpi_defaults`).
 
 Linux's scheduler shares the CPU between sessions first (autogroups,
 ``/proc/sys/kernel/sched_autogroup_enabled``), then between the processes of a session.
@@ -18,10 +19,17 @@ pid: a launcher that signals the rank or its group reaches it as before.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 
 #: variables a launcher sets in every rank's environment (Open MPI/PMIx, MPICH/PMI, Slurm)
 LAUNCHED = ("PMIX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+#: Open MPI settings a rank takes unless its environment already sets them (mpi_defaults)
+OPEN_MPI_DEFAULTS = {
+    # the libfabric BTL probes its providers at MPI_Init for about a second, even on one node
+    # (docs/performance.md, *Open MPI and MPICH*); libfabric networks are driven through the
+    # ofi MTL (pml cm), which stays, and pserver's one-sided windows are shared memory
+    "OMPI_MCA_btl": "^ofi",
+}
 
 
 def own_session(environ: Mapping[str, str] | None = None) -> bool:
@@ -56,3 +64,16 @@ def _on_terminal() -> bool:
         return os.isatty(0)
     except (OSError, ValueError):  # stdin closed
         return False
+
+
+def mpi_defaults(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Set :data:`OPEN_MPI_DEFAULTS` that this rank's environment leaves unset (before
+    ``MPI_Init``, which reads them); the ones set. MPICH ignores these variables; a user's
+    own ``OMPI_MCA_btl`` (or ``mpiexec --mca btl …``, which reaches the rank as the same
+    variable) wins."""
+    env = os.environ if environ is None else environ
+    if not any(k in env for k in LAUNCHED):
+        return {}
+    chosen = {k: v for k, v in OPEN_MPI_DEFAULTS.items() if k not in env}
+    env.update(chosen)
+    return chosen
