@@ -95,3 +95,4 @@ def test_open_mpi_defaults_only_where_the_user_left_them_unset():
     mine = {**launched, "OMPI_MCA_btl": "self,tcp"}
     assert mpi_defaults(mine) == {} and mine["OMPI_MCA_btl"] == "self,tcp"
     assert mpi_defaults({}) == {}  # not under a launcher: nothing set
+    assert mpi_defaults({"PMI_RANK": "0"}) == {}  # MPICH's Hydra: not Open MPI's business

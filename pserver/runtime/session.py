@@ -23,6 +23,8 @@ from collections.abc import Mapping, MutableMapping
 
 #: variables a launcher sets in every rank's environment (Open MPI/PMIx, MPICH/PMI, Slurm)
 LAUNCHED = ("PMIX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+#: what Open MPI's launcher (or a PMIx one, e.g. srun --mpi=pmix) sets in a rank's environment
+OPEN_MPI_LAUNCHED = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 #: Open MPI settings a rank takes unless its environment already sets them (mpi_defaults)
 OPEN_MPI_DEFAULTS = {
     # the libfabric BTL probes its providers at MPI_Init for about a second, even on one node
@@ -72,7 +74,7 @@ def mpi_defaults(environ: MutableMapping[str, str] | None = None) -> dict[str, s
     own ``OMPI_MCA_btl`` (or ``mpiexec --mca btl …``, which reaches the rank as the same
     variable) wins."""
     env = os.environ if environ is None else environ
-    if not any(k in env for k in LAUNCHED):
+    if not any(k in env for k in OPEN_MPI_LAUNCHED):  # MPICH's Hydra sets PMI_RANK only
         return {}
     chosen = {k: v for k, v in OPEN_MPI_DEFAULTS.items() if k not in env}
     env.update(chosen)
