@@ -57,7 +57,7 @@ class CommEngine:
     def loop(self) -> None:
         """The communication thread: test, notify on change, back off when idle."""
         tighten_timer_slack()
-        backoff = Backoff(self.waiter.poll_min, self.waiter.poll_max)
+        backoff = Backoff(self.waiter.poll_min, self.waiter.poll_max, spin=self.waiter.spin)
         try:
             while not self.stop.is_set():
                 if self.step():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import sys
 import threading
 import time
@@ -31,6 +32,9 @@ ALLREDUCE_PEERS = "the learners' allreduce"
 SUSPENDED = 1.0  # a sleep ending this much later than asked: the process did not run (StallClock)
 PR_SET_TIMERSLACK = 29  # prctl(2)
 TIMER_SLACK_NS = 1000
+#: the longest sleep crowding may stretch comm.poll_max to (crowded_poll_max): a message to an
+#: idle rank is seen at most this late
+MAX_CROWDED_POLL = 0.02
 
 _slack = threading.local()
 
@@ -47,11 +51,51 @@ def tighten_timer_slack() -> None:
             pass
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask; else the machine's count)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):  # not Linux
+        return max(os.cpu_count() or 1, 1)
+
+
+def crowded_poll_max(poll_max: float, ranks_here: int, cores: int | None = None) -> float:
+    """The longest sleep of a wait on a node where ``ranks_here`` ranks share ``cores`` cores:
+    ``poll_max`` times the ranks per core when there are more ranks than cores, else
+    ``poll_max``, never above ``MAX_CROWDED_POLL``.
+
+    Every test of an idle rank costs CPU (a Python call and ``MPI_Test``); with ``poll_max``
+    alone, a hundred ranks on two cores woke so often that their tests took more CPU than the
+    compute they waited for (docs/performance.md, *Learners on two cores*, has the figures and
+    ``scripts/bench_scaling.py`` measures them). Scaled, the node's wake-ups stay about
+    ``cores / poll_max`` per second whatever the number of ranks, and the added latency is
+    what a crowded node's scheduler already imposes: with r ranks per core a woken rank waits
+    for its turn on a core behind up to r others anyway.
+    """
+    crowd = crowding(ranks_here, cores)
+    return min(poll_max * crowd, max(poll_max, MAX_CROWDED_POLL))
+
+
+def crowded_spin(ranks_here: int, cores: int | None = None) -> int:
+    """The tests a wait makes before its first sleep: ``SPIN_TESTS`` divided by the ranks per
+    core. Spinning pays when the reply is on its way from another core; on a crowded node the
+    peer that must send it needs the very core the spinning rank holds (docs/performance.md,
+    *Learners on two cores*)."""
+    return max(1, int(SPIN_TESTS / crowding(ranks_here, cores)))
+
+
+def crowding(ranks_here: int, cores: int | None = None) -> float:
+    """Ranks per core on this node, at least 1."""
+    cores = usable_cores() if cores is None else max(cores, 1)
+    return max(ranks_here / cores, 1.0)
+
+
 class Backoff:
     """The one back-off of the code base: ``SPIN_TESTS`` tests without sleeping (a reply already
-    on its way costs no sleep), then each sleep ``BACKOFF`` of the time idle so far, within
-    ``lo`` … ``hi`` (``comm.poll_min`` … ``comm.poll_max``). Used by :class:`Waiter` and by the
-    communication thread of :class:`pserver.comm.engine.CommEngine`.
+    on its way costs no sleep; ``spin`` of them, :func:`crowded_spin` on a crowded node), then
+    each sleep ``BACKOFF`` of the time idle so far, within ``lo`` … ``hi`` (``comm.poll_min``
+    … ``comm.poll_max``, :func:`crowded_poll_max` on a crowded node). Used by :class:`Waiter`
+    and by the communication thread of :class:`pserver.comm.engine.CommEngine`.
 
     ``tight`` seconds (default 0): a transfer expected to take about that long is under way and
     moves on only while this rank tests it (MPICH progresses a non-blocking collective inside
@@ -60,8 +104,8 @@ class Backoff:
     sleeping ``hi`` between tests; with ``tight = 0`` the rule is the one above.
     """
 
-    def __init__(self, lo: float, hi: float, tight: float = 0.0) -> None:
-        self.lo, self.hi = lo, hi
+    def __init__(self, lo: float, hi: float, tight: float = 0.0, spin: int = SPIN_TESTS) -> None:
+        self.lo, self.hi, self.spin = lo, hi, spin
         self.restart(tight)
 
     def restart(self, tight: float = 0.0) -> None:
@@ -71,7 +115,7 @@ class Backoff:
     def next_sleep(self) -> float:
         """Seconds to sleep before the next test (0.0 while still spinning)."""
         self.tests += 1
-        if self.tests < SPIN_TESTS:
+        if self.tests < self.spin:
             return 0.0
         idle = time.monotonic() - self.since - self.tight
         return min(max(BACKOFF * idle, self.lo), self.hi)
@@ -241,9 +285,11 @@ class Waiter:
         poll_min: float = 1e-5,
         poll_max: float = 1e-3,
         stall_timeout: float = 60.0,
+        spin: int = SPIN_TESTS,
     ) -> None:
         self.log, self.peers = log, peers
         self.poll_min, self.poll_max, self.stall_timeout = poll_min, poll_max, stall_timeout
+        self.spin = spin  # tests before the first sleep (Backoff)
         self.waited = 0.0  # total seconds spent in waits, for the statistics
         # when peers are next checked for a death: per waiter, not per wait, so a rank whose
         # waits are each shorter than the period (a statistics server hearing from the other
@@ -268,7 +314,7 @@ class Waiter:
         if self._test(done, what):
             return
         tighten_timer_slack()
-        backoff = Backoff(self.poll_min, self.poll_max, tight)
+        backoff = Backoff(self.poll_min, self.poll_max, tight, self.spin)
         start = backoff.since
         stall = StallClock(self.stall_timeout, self.log, start)
         try:

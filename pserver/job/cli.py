@@ -13,6 +13,15 @@ any rank aborts the whole job with a message naming the rank and host: never a h
 
 from __future__ import annotations
 
+from pserver.runtime.session import mpi_defaults, own_session
+
+# ruff: noqa: E402 - the imports below come after these two calls on purpose
+# first, before numpy, h5py and MPI_Init: a rank in its caller's session shares one process's
+# CPU with every other rank of an Open MPI job on a loaded machine, and MPI_Init reads the
+# MCA settings from the environment (pserver/runtime/session.py)
+own_session()
+mpi_defaults()
+
 import argparse
 import socket
 import sys
@@ -31,6 +40,7 @@ from pserver.plan.config import CommConfig, unread
 from pserver.plan.topology import Role
 from pserver.plan.unused import unread_line
 from pserver.runtime.logs import setup_logging, wait_until_read
+from pserver.runtime.phases import PHASES
 from pserver.runtime.rundir import run_id
 from pserver.runtime.signals import STOPPED
 from pserver.strategies import LOCAL_STEPS, PS, PS_OVERLAP, lookup
@@ -109,9 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     early = console_first(argv)
     if early is not None:
         return early
+    PHASES.mark("imports")  # the interpreter's start and this module's imports
     from mpi4py import MPI
 
-    from pserver.comm.waiting import PeerLog, Waiter
+    from pserver.comm.waiting import PeerLog, Waiter, crowded_poll_max, crowded_spin
     from pserver.runtime.startup import agree, failure_message, outcome, status_of
 
     world = MPI.COMM_WORLD
@@ -130,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     rid = world.bcast(run_id() if rank == 0 else None, root=0)
     source = ConfigSource(args.config, args.overrides, args.resume)
     learners = learner_comm(world, learner_ranks(source.load, size, nodes))
+    PHASES.mark("mpi init")  # MPI_Init, the node census, the learners' communicator
     peers = PeerLog(roster)
     log = setup_logging(rank, "starting")
     ctx, error, comm = None, None, CommConfig()
@@ -141,9 +153,12 @@ def main(argv: list[str] | None = None) -> int:
             check_out_dir(source.run_dir(), out_dir_overrides(args.given, cfg.run.name, rid))
         comm = cfg.comm
         log = setup_logging(rank, "starting", cfg.run.log_level)
+        PHASES.attach(log)
+        PHASES.mark("config")
         if rank == 0 and unread(cfg):  # once per run: a comparison's file, not a mistake
             log.info("%s", unread_line(unread(cfg)))
         ctx = prepare(cfg, size, rank, log, local, nodes, peers, rid=rid)
+        PHASES.mark("prepare")  # the dataset read (data and stats servers), the model
         ctx.learner_comm = learners
         ctx.hosts = [p.host for p in roster.procs]
         ctx.pids = [p.pid for p in roster.procs]
@@ -166,9 +181,12 @@ def main(argv: list[str] | None = None) -> int:
             refuse_periodic(cfg)
     except BaseException as e:  # every failure must reach the agreement, or the others hang
         error = e
-    waiter = Waiter(log, peers, comm.poll_min, comm.poll_max, comm.stall_timeout)
+    here = local[1]  # the ranks of this node: a crowded node's waits sleep longer, spin less
+    poll_max = crowded_poll_max(comm.poll_max, here)
+    waiter = Waiter(log, peers, comm.poll_min, poll_max, comm.stall_timeout, crowded_spin(here))
     try:
         statuses = agree(world, status_of(error), waiter)
+        PHASES.mark("agreement")
     except PeerLost as e:  # a rank died before the agreement: nobody can train
         die(f"pserver-run: error: rank {rank} on {socket.gethostname()} {e}", world)
         return 1  # not reached
@@ -273,14 +291,18 @@ def run(ctx, world) -> int:  # noqa: ANN001 - Context and MPI.Comm, imported laz
         )
     # the server may still be loading its update's imports: a blocking Barrier spins MPICH's
     # progress engine on every other rank meanwhile (~1 s of CPU each per launch)
+    PHASES.mark("setup")  # channels, BLAS limit, initial weights, the server's imports
     ctx.waiter().wait(world.Ibarrier(), "every rank to be ready to train (the start barrier)")
+    PHASES.mark("start barrier")
     # a resumed run's clock goes on from the checkpointed run's (the dump's times continue)
     ctx.t0 = time.time() - (ctx.resume.elapsed if ctx.resume is not None else 0.0)
     # one part, or one per periodic checkpoint (each driver built from the last one's state)
     code = run_parts(ctx, world, lambda: DRIVERS[ctx.role](ctx, weights))
+    PHASES.mark("training")  # the driver's run, its final dump and checkpoint included
     if ctx.shm is not None:
         ctx.shm.free()
     ctx.channels.free()
+    PHASES.mark("finish")
     return code
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from pserver.comm.channels import Channels
 from pserver.comm.liveness import Roster, this_process
 from pserver.comm.records import RecordBuffer
-from pserver.comm.waiting import PeerLog, Waiter
+from pserver.comm.waiting import PeerLog, Waiter, crowded_poll_max, crowded_spin
 from pserver.errors import ConfigError
 from pserver.plan.config import Config, check_fail_learner, inject_plan
 from pserver.plan.limits import NodeBudget, RunSizes, available_memory, check_blas_threads
@@ -78,8 +78,14 @@ class Context:
         return time.time() - self.t0
 
     def waiter(self) -> Waiter:
+        """A Waiter with ``[comm]``'s back-off, stretched by the ranks per core of this rank's
+        node (:func:`pserver.comm.waiting.crowded_poll_max`, :func:`~.crowded_spin`)."""
         c = self.cfg.comm
-        return Waiter(self.log, self.peers, c.poll_min, c.poll_max, c.stall_timeout)
+        here = self.nodes.count(self.nodes[self.rank]) if self.nodes else 1
+        return Waiter(
+            self.log, self.peers, c.poll_min, crowded_poll_max(c.poll_max, here),
+            c.stall_timeout, crowded_spin(here),
+        )  # fmt: skip
 
     def records(self) -> RecordBuffer:
         assert self.channels is not None
