@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 from mpi4py import MPI
 
+from pserver.comm.departures import Departures, is_failure
 from pserver.comm.liveness import Roster
 from pserver.comm.wire import Header
 from pserver.errors import PeerLost
@@ -26,6 +27,7 @@ SPIN_TESTS = 64  # tests before the first sleep: a reply already on its way cost
 BACKOFF = 0.125  # each sleep is this share of the time waited so far (within poll_min..poll_max)
 LIVENESS_PERIOD = 1.0  # a wait this long checks, once per period, that no peer has died
 EXIT_GRACE = 1.0  # after an MPI error, how long a dying peer may take to show as ended
+ABSORB_RETRIES = 16  # tests of one wait that may each end in a lost learner's error (ULFM)
 PR_SET_TIMERSLACK = 29  # prctl(2)
 TIMER_SLACK_NS = 1000
 
@@ -86,6 +88,9 @@ class PeerLog:
         self._last: dict[int, tuple[str, float]] = {}
         self._t0 = time.monotonic()
         self.roster, self.names = roster, names
+        #: lost learners the run survives (Open MPI's ULFM, :mod:`pserver.comm.departures`)
+        self.departures: Departures | None = None
+        self.fatal: list[int] = []  # failed ranks the run cannot survive (ULFM names them)
 
     def note(self, peer: int, what: Header | str) -> None:
         with self._lock:
@@ -99,8 +104,28 @@ class PeerLog:
         return "; ".join(f"rank {p}: {w} at t={t:.1f}s" for p, (w, t) in items)
 
     def dead(self) -> list[int]:
-        """Peers on this node whose process has ended (none known without a roster)."""
-        return self.roster.dead() if self.roster is not None else []
+        """Peers on this node whose process has ended (none known without a roster), less
+        the learners whose loss the run survives: MPI's failure detector reports those."""
+        dead = self.roster.dead() if self.roster is not None else []
+        if self.departures is not None:
+            dead = [r for r in dead if r not in self.departures.learners]
+        return dead
+
+    def absorb(self, error: BaseException, log: logging.Logger | None = None) -> bool:
+        """Whether ``error`` is the failure of learners the run survives (ULFM): then they
+        are acknowledged, noted as lost (``departures``) and the wait may test again."""
+        d = self.departures
+        if d is None or not is_failure(error):
+            return False
+        new, fatal = d.absorb()
+        if fatal:
+            self.fatal = fatal
+            return False
+        for r in new:
+            if log is not None:
+                log.warning("lost %s: its process failed (MPI: %s); the run goes on without "
+                            "it", self.name(r), mpi_error_summary(error))
+        return bool(d.lost())
 
     def name(self, rank: int) -> str:
         parts = [self.names(rank)] if self.names is not None else []
@@ -120,7 +145,7 @@ class PeerLog:
         is what the error says, its process not yet a zombie): it is looked for again for up
         to ``EXIT_GRACE`` seconds before the report gives up naming it.
         """
-        dead = self.dead()
+        dead = self.fatal or self.dead()
         deadline = time.monotonic() + EXIT_GRACE
         look = error is not None and self.roster is not None
         while look and not dead and time.monotonic() < deadline:
@@ -214,10 +239,15 @@ class Waiter:
 
     def _test(self, done: Callable[[], bool], what: Callable[[], str] | str) -> bool:
         """``done()``, with an MPI failure turned into :class:`PeerLost` naming the peer."""
-        try:
-            return done()
-        except MPI.Exception as e:
-            raise self.peers.lost(what() if callable(what) else what, e) from e
+        for _ in range(ABSORB_RETRIES):
+            try:
+                return done()
+            except MPI.Exception as e:
+                # a lost learner (ULFM): acknowledged, its requests ended in error: test again
+                if not self.peers.absorb(e, self.log):
+                    raise self.peers.lost(what() if callable(what) else what, e) from e
+                error = e
+        raise self.peers.lost(what() if callable(what) else what, error) from error
 
     def wait(self, request: MPI.Request, what: Callable[[], str] | str) -> MPI.Status:
         status = MPI.Status()
@@ -229,15 +259,19 @@ class Waiter:
             self.until(lambda: MPI.Request.Testall(list(requests)), what)
 
     def probe(
-        self, comm: MPI.Comm, what: Callable[[], str] | str
-    ) -> tuple[MPI.Message, MPI.Status]:
+        self,
+        comm: MPI.Comm,
+        what: Callable[[], str] | str,
+        also: Callable[[], bool] = lambda: False,
+    ) -> tuple[MPI.Message | None, MPI.Status]:
         """Wait until a message from anyone is pending on ``comm``; match it and return it.
 
         A matched probe (``MPI_Improbe``), never a posted wildcard receive: across hosts,
         MPICH's default UCX netmod loses posted ``ANY_SOURCE`` receives (docs/architecture.md,
         "Wildcard receives"). The message is out of MPI's matching from here on: the caller must
         receive it through the returned ``Message`` (``Recv``/``Irecv``, or ``recv`` when it
-        was pickled), and the status says who sent it with which tag.
+        was pickled), and the status says who sent it with which tag. None (no message) when
+        ``also()`` turned true first.
         """
         status = MPI.Status()
         found: list[MPI.Message] = []
@@ -247,7 +281,7 @@ class Waiter:
             msg = comm.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
             if msg is not None:
                 found.append(msg)
-            return msg is not None
+            return msg is not None or also()
 
         self.until(matched, what)
-        return found[0], status
+        return (found[0] if found else None), status

@@ -87,7 +87,19 @@ def out_dir_overrides(overrides: list[str], name: str, rid: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     from mpi4py import MPI
 
-    world = MPI.COMM_WORLD
+    from pserver.comm.departures import heartbeat
+
+    pump = heartbeat(MPI.COMM_WORLD)  # Open MPI's ULFM: heard while busy (issue 22)
+    try:
+        return rank_main(argv, MPI.COMM_WORLD)
+    finally:
+        if pump is not None:  # finalize now: Python's own exit may take longer than the
+            pump.__exit__()  # detector's timeout, and a silent rank is declared dead
+            MPI.Finalize()
+
+
+def rank_main(argv: list[str] | None, world) -> int:  # noqa: ANN001 - MPI.Comm
+    """One rank's life under ``main``."""
     rank, size = world.Get_rank(), world.Get_size()
     lone = lone_rank(size)  # srun without --mpi: N worlds of 1; say so once, not N times
     args = parse_args(argv, rank if lone is None else int(not lone[1]))
@@ -203,6 +215,7 @@ def run(ctx, world) -> int:  # noqa: ANN001 - Context and MPI.Comm, imported laz
             ctx.log.info("initial weights: the final model of %s (model.init_from)",
                          ctx.cfg.model.init_from)  # fmt: skip
     ctx.channels = Channels.create(world)
+    ctx.peers.departures = departures(ctx, world)  # issue 22: None unless Open MPI's ULFM
     # a thread that waits for the GIL gets it after at most this long: Python's default 5 ms
     # starves a comm thread beside pure-Python compute (docs/architecture.md, "The
     # communication thread and the GIL", has the figures)
@@ -231,6 +244,16 @@ def run(ctx, world) -> int:  # noqa: ANN001 - Context and MPI.Comm, imported laz
         ctx.shm.free()
     ctx.channels.free()
     return code
+
+
+def departures(ctx, world):  # noqa: ANN001, ANN201 - Context, MPI.Comm -> Departures | None
+    """Lost learners the run survives (``pserver.comm.departures``), or None."""
+    from pserver.comm.departures import departures_for
+    from pserver.strategies import survives_lost_learner
+
+    ch = ctx.channels
+    comms = (ch.ctrl, ch.down, ch.bulk, ch.io, ch.stats, ch.ack)
+    return departures_for(world, comms, ctx.layout.learners, survives_lost_learner(ctx.cfg))
 
 
 def log_provenance(ctx) -> None:  # noqa: ANN001 - Context

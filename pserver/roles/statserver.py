@@ -30,6 +30,7 @@ from pserver.comm.records import decode
 from pserver.comm.wire import Header, Tag, WireError, header_buffer, model_epoch
 from pserver.dump.schema import DATA_SCALING
 from pserver.dump.writer import DumpWriteError, StatsWriter
+from pserver.roles.losses import Losses
 from pserver.runtime.context import Context
 from pserver.runtime.provenance import dump_attrs
 from pserver.runtime.rundir import point_latest
@@ -60,6 +61,7 @@ class StatsServer:
         self.rows: dict[str, int] = {}
         if resume is not None:
             self.restore(resume.state)
+        self.losses = Losses(ctx)
         self.handlers = {
             Tag.RECORDS: self.on_records,
             Tag.MODEL: self.on_model,
@@ -120,14 +122,19 @@ class StatsServer:
         while self.live:
             # a matched probe (Waiter.probe): each handler receives the message it is given
             msg, status = self.waiter.probe(
-                self.comm, lambda: f"reports from ranks {sorted(self.live)}"
+                self.comm, lambda: f"reports from ranks {sorted(self.live)}",
+                also=lambda: self.losses.pending(self.live),
             )
+            self.losses.take(self.live)
+            if msg is None:
+                continue
             tag = status.Get_tag()
             handler = self.handlers.get(tag)  # type: ignore[call-overload]
             if handler is None:
                 raise WireError(f"stats server got unknown tag {tag} from {status.Get_source()}")
             handler(msg, status)
             self.writer.maybe_flush()
+        self.losses.write(self.writer)
         self.skip_untested()
         self.final_line()
         total = sum(sum(g.values()) for g in self.dropped.values())
@@ -188,6 +195,7 @@ class StatsServer:
         msg.Recv([data, MPI.BYTE])
         self.ctx.peers.note(source, "RECORDS")
         rows, clocks, dropped = decode(data)
+        self.losses.steps(rows.get("train"))
         for group, cols in rows.items():
             self.writer.append(group, **cols)  # typed by the dump schema (pserver.dump.schema)
         if clocks:

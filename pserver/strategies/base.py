@@ -128,6 +128,9 @@ class Strategy:
     shard_block: str = ""
     # the fewest learners it can run with (checked at start-up, when λ is known)
     min_learners: int = 1
+    #: issue 22: a learner's death is a departure its protocol absorbs (``Protocol.lose``),
+    #: where the MPI library offers ULFM (``pserver.comm.departures``)
+    survives_lost_learner: bool = False
 
     @property
     def layered(self) -> tuple[Param, ...]:
