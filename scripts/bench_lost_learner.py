@@ -53,7 +53,7 @@ def detection(output: str) -> float:
 
 def rates(run: Path) -> tuple[float, float]:
     """Samples/s of every learner's train rows before the loss and after it was seen."""
-    dump = load_dump(run)
+    dump = load_dump(run / "stats.h5")
     t, lost = dump.group("train")["time"], dump.group("learners_lost")
     batch = int(dump.config["data"]["batch_size"])
     seen = float(lost["time"][0])
@@ -64,7 +64,7 @@ def rates(run: Path) -> tuple[float, float]:
 
 
 def final_error(run: Path) -> float:
-    return float(load_dump(run).group("test")["error"][-1])
+    return float(load_dump(run / "stats.h5").group("test")["error"][-1])
 
 
 def main() -> None:

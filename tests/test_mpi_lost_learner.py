@@ -64,7 +64,7 @@ def test_a_killed_learner_is_lost_and_the_run_finishes_with_three(tmp_path, prot
                       *extra, *KILL], timeout=240, flags=ULFM)  # fmt: skip
     # Open MPI's mpiexec may return the dead rank's status: the dump's word is what counts
     assert "aborting the job" not in res.output, res.output
-    dump = load_dump(run)
+    dump = load_dump(run / "stats.h5")
     assert "finished" in dump.attrs, res.output
     assert check_dump(dump) == [], res.output
     lost = dump.group("learners_lost")
@@ -88,4 +88,4 @@ def test_a_strategy_without_departures_ends_promptly_naming_the_learner(tmp_path
                       *KILL], timeout=120, flags=ULFM)  # fmt: skip
     assert res.returncode != 0
     assert "lost rank 4 (learner 2" in res.output, res.output  # sync: no shard, learner 2 = 4
-    assert "finished" not in load_dump(tmp_path / "run").attrs
+    assert "finished" not in load_dump(tmp_path / "run" / "stats.h5").attrs

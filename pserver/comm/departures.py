@@ -20,10 +20,14 @@ parameter-server family: the survivors simply stop expecting the dead learner.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from mpi4py import MPI
 
@@ -135,15 +139,37 @@ class Heartbeat:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Stop, and finalize MPI at once: Python's own exit may take longer than the
+        detector's timeout, and a silent rank is declared dead."""
         self.stopped.set()
         self.thread.join()
+        finalize()
 
 
-def heartbeat(comm: MPI.Comm) -> Heartbeat | None:
-    """A started :class:`Heartbeat` where ULFM is on (and MPI allows threads), else None."""
+def heartbeat(comm: MPI.Comm) -> contextlib.AbstractContextManager[Any]:
+    """A :class:`Heartbeat` for the rank's life where ULFM is on (and MPI allows threads);
+    else nothing."""
     if not ulfm_enabled() or MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-        return None
-    return Heartbeat(comm).__enter__()
+        return contextlib.nullcontext()
+    return Heartbeat(comm)
+
+
+FINALIZE_GRACE = 20  # s (signal.alarm takes whole seconds)
+
+
+def finalize() -> None:
+    """``MPI_Finalize`` under ULFM, bounded: after a rank died, Open MPI 5.0.11's finalize
+    sometimes never returns on the survivors (seen in tests: every survivor sleeping in
+    ``ompi_mpi_finalize``'s wait for the job-wide fence for minutes). The run is over and its
+    files are closed by then, so after ``FINALIZE_GRACE`` seconds SIGALRM's default action
+    ends the rank (mpi4py's ``Finalize`` holds the GIL: no Python thread could); the dump's
+    ``finished`` attribute says the run finished (docs/launching.md, *Lost learners*)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(FINALIZE_GRACE)
+    MPI.Finalize()
+    signal.alarm(0)
 
 
 def departures_for(
@@ -156,6 +182,16 @@ def departures_for(
     d = Departures(world, learners)
     d.watch(*comms)
     return d
+
+
+def departures_of(ctx: Any, world: MPI.Comm) -> Departures | None:
+    """:func:`departures_for` of a prepared rank (``pserver.runtime.context.Context``, its
+    channels built)."""
+    from pserver.strategies import survives_lost_learner
+
+    ch = ctx.channels
+    comms = (ch.ctrl, ch.down, ch.bulk, ch.io, ch.stats, ch.ack)
+    return departures_for(world, comms, ctx.layout.learners, survives_lost_learner(ctx.cfg))
 
 
 def is_failure(error: BaseException) -> bool:

@@ -89,37 +89,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from pserver.comm.departures import heartbeat
 
-    pump = heartbeat(MPI.COMM_WORLD)  # Open MPI's ULFM: heard while busy (issue 22)
-    code = 1
-    try:
-        code = rank_main(argv, MPI.COMM_WORLD)
-        return code
-    finally:
-        if pump is not None:  # finalize now: Python's own exit may take longer than the
-            pump.__exit__()  # detector's timeout, and a silent rank is declared dead
-            finalize(code)
-
-
-def finalize(code: int) -> None:
-    """``MPI_Finalize`` under ULFM, bounded: after a rank died, Open MPI 5.0.11's finalize
-    sometimes never returns on some survivors (seen in tests: three ranks sleeping in
-    ``ompi_mpi_finalize`` for minutes); the run is over and its files closed by then, so
-    such a rank leaves with its status after ``FINALIZE_GRACE`` seconds."""
-    import os
-    import threading
-
-    from mpi4py import MPI
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    timer = threading.Timer(FINALIZE_GRACE, os._exit, (code,))
-    timer.daemon = True
-    timer.start()
-    MPI.Finalize()
-    timer.cancel()
-
-
-FINALIZE_GRACE = 20.0
+    with heartbeat(MPI.COMM_WORLD):  # Open MPI's ULFM (issue 22): heard while busy
+        return rank_main(argv, MPI.COMM_WORLD)
 
 
 def rank_main(argv: list[str] | None, world) -> int:  # noqa: ANN001 - MPI.Comm
@@ -230,6 +201,7 @@ def run(ctx, world) -> int:  # noqa: ANN001 - Context and MPI.Comm, imported laz
     ``pserver.ckpt.drivers.periodic`` for ``run.checkpoint_interval``)."""
     from pserver.ckpt.drivers.periodic import run_parts
     from pserver.comm.channels import Channels
+    from pserver.comm.departures import departures_of
     from pserver.optim.blas import limit_blas_threads
 
     ctx.log = setup_logging(ctx.rank, ctx.layout.describe(ctx.rank), ctx.cfg.run.log_level)
@@ -239,7 +211,7 @@ def run(ctx, world) -> int:  # noqa: ANN001 - Context and MPI.Comm, imported laz
             ctx.log.info("initial weights: the final model of %s (model.init_from)",
                          ctx.cfg.model.init_from)  # fmt: skip
     ctx.channels = Channels.create(world)
-    ctx.peers.departures = departures(ctx, world)  # issue 22: None unless Open MPI's ULFM
+    ctx.peers.departures = departures_of(ctx, world)  # issue 22: None unless Open MPI's ULFM
     # a thread that waits for the GIL gets it after at most this long: Python's default 5 ms
     # starves a comm thread beside pure-Python compute (docs/architecture.md, "The
     # communication thread and the GIL", has the figures)
@@ -268,16 +240,6 @@ def run(ctx, world) -> int:  # noqa: ANN001 - Context and MPI.Comm, imported laz
         ctx.shm.free()
     ctx.channels.free()
     return code
-
-
-def departures(ctx, world):  # noqa: ANN001, ANN201 - Context, MPI.Comm -> Departures | None
-    """Lost learners the run survives (``pserver.comm.departures``), or None."""
-    from pserver.comm.departures import departures_for
-    from pserver.strategies import survives_lost_learner
-
-    ch = ctx.channels
-    comms = (ch.ctrl, ch.down, ch.bulk, ch.io, ch.stats, ch.ack)
-    return departures_for(world, comms, ctx.layout.learners, survives_lost_learner(ctx.cfg))
 
 
 def log_provenance(ctx) -> None:  # noqa: ANN001 - Context
