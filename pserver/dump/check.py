@@ -21,9 +21,9 @@ schema (``docs/stats.md``) it relies on:
   ``minibatches`` equals its ``train`` rows, numbered 0, 1, …; a resumed run (or one with
   periodic checkpoints) has one such row per part, and its last one, whose counts are the
   run's so far, is the one held to the streams (:func:`last_rows`);
-* a lost learner (``learners_lost``, issue 22) has no end-of-run row, train steps 0 … its
-  ``last_step``, and λ drops by one per loss; a learner that trained and has no end row was
-  lost (or the run did not finish);
+* a lost learner (``learners_lost``, issue 22) has no end-of-run row, train steps 0, 1, … at
+  most up to its ``last_step``, and λ drops by one per loss; a learner that trained and has
+  no end row was lost (or the run did not finish);
 * training reached the configured epochs (counted as ``run.epoch_basis`` says);
 * tests are at increasing epochs with errors in [0, 1] and finite losses;
 * PP-ASGD (``predictions/``, ``prediction_errors/``): a shard's prediction rows are its updates,
@@ -204,7 +204,8 @@ def _lost(dump: Dump) -> Problems:
         steps = np.sort(train["step"][train["learner"] == lr]) if train else np.array([])
         if int(lr) in ended:
             out.append(f"learner {lr} is recorded lost but has an end-of-run row")
-        if not np.array_equal(steps, np.arange(int(last) + 1)):
+        # its last train rows may have died with it, unsent: steps 0, 1, … up to last_step
+        if len(steps) > int(last) + 1 or not np.array_equal(steps, np.arange(len(steps))):
             out.append(f"lost learner {lr}: last step {last} but train steps {_span(steps)}")
         want = int(dump.attrs.get("n_learners", 0)) - (i + 1)
         if "n_learners" in dump.attrs and int(lost["learners"][i]) != want:

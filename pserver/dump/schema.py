@@ -263,7 +263,7 @@ class LearnerLost:
     learner: int = col("int32", "learner index")
     rank: int = col("int32", "its MPI rank")
     time: float = col("float64", "s since start when the statistics server saw it lost")
-    last_step: int = col("int64", "its last train step the dump holds (-1: none)")
+    last_step: int = col("int64", "its last step the dump knows of: train row or push (-1: none)")
     learners: int = col("int32", "λ after the loss: the learners still training")
 
 

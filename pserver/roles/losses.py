@@ -3,8 +3,9 @@
 A learner that dies while the run goes on (Open MPI's ULFM, ``pserver.comm.departures``) sends
 no goodbye: the statistics server stops waiting for it once its failure is known, and records
 which learner it was, when it was seen lost, its last train step and λ from then on. The rows
-are written at the end of the run, when every train row that was on its way has arrived, so
-``last_step`` is the last step the dump holds.
+are written at the end of the run, when every row that was on its way has arrived: ``last_step``
+is the last step the dump knows of (its train rows, or its pushes that reached shard 0; a
+learner's unsent train rows die with it).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class Losses:
         self.ctx = ctx
         self.learners = len(ctx.layout.learners)  # λ, less the losses seen so far
         self.last: dict[int, int] = {}  # learner -> its highest train step received
+        self.pushed: dict[int, int] = {}  # learner -> its gradients shard 0 received
         self.rows: list[dict[str, Any]] = []
 
     def lost(self, live: set[int]) -> list[int]:
@@ -31,12 +33,23 @@ class Losses:
     def pending(self, live: set[int]) -> bool:
         return bool(self.lost(live))
 
-    def steps(self, train: dict[str, list[Any]] | None) -> None:
-        """Note the train steps of a batch of rows (``train`` columns, or None)."""
-        if not train:
-            return
-        for learner, step in zip(train["learner"], train["step"], strict=True):
-            self.last[int(learner)] = max(self.last.get(int(learner), -1), int(step))
+    def steps(self, rows: dict[str, dict[str, list[Any]]]) -> None:
+        """Note a batch of rows: each learner's train steps, and its gradients at shard 0
+        (one per step: a learner pushes every block once; its last train rows may die with
+        it, unsent, the shard's rows of its pushes do not)."""
+        train, grads = rows.get("train"), rows.get("gradients")
+        if train:
+            for learner, step in zip(train["learner"], train["step"], strict=True):
+                self.last[int(learner)] = max(self.last.get(int(learner), -1), int(step))
+        if grads:
+            for shard, learner in zip(grads["shard"], grads["learner"], strict=True):
+                if int(shard) == 0:
+                    self.pushed[int(learner)] = self.pushed.get(int(learner), 0) + 1
+
+    def last_step(self, learner: int) -> int:
+        """The last step of ``learner`` the dump knows of: its last train row, or its last
+        push that reached shard 0 (-1: none)."""
+        return max(self.last.get(learner, -1), self.pushed.get(learner, 0) - 1)
 
     def take(self, live: set[int]) -> None:
         """Stop waiting for the learners of ``live`` that died, and note each loss."""
@@ -49,14 +62,14 @@ class Losses:
                 {"learner": learner, "rank": rank, "time": now, "learners": self.learners}
             )
             self.ctx.log.warning(
-                "learner %d lost (%s) at t=%.1fs after step %d; the run goes on with "
+                "learner %d lost (%s) at t=%.1fs, last step seen %d; the run goes on with "
                 "λ = %d (learners_lost)",
-                learner, self.ctx.peers.name(rank), now, self.last.get(learner, -1),
+                learner, self.ctx.peers.name(rank), now, self.last_step(learner),
                 self.learners,
             )  # fmt: skip
 
     def write(self, writer: Any) -> None:
         """The ``learners_lost`` rows, with the last step each lost learner's rows reached."""
         for row in self.rows:
-            step = self.last.get(row["learner"], -1)
+            step = self.last_step(row["learner"])
             writer.append("learners_lost", last_step=[step], **{k: [v] for k, v in row.items()})

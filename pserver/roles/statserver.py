@@ -195,7 +195,7 @@ class StatsServer:
         msg.Recv([data, MPI.BYTE])
         self.ctx.peers.note(source, "RECORDS")
         rows, clocks, dropped = decode(data)
-        self.losses.steps(rows.get("train"))
+        self.losses.steps(rows)
         for group, cols in rows.items():
             self.writer.append(group, **cols)  # typed by the dump schema (pserver.dump.schema)
         if clocks:
