@@ -187,6 +187,8 @@ def run_one(i: int, overrides: dict[str, Any], n: int, out: Path, timeout: float
         lost = dump.group("learners_lost").get("learner", [])
         row.update(outcome="inconsistent" if problems else "ok", problems=problems,
                    returncode=res.returncode, learners_lost=[int(x) for x in lost])
+        if problems:
+            row["tail"] = res.output[-2000:]
     elif res.returncode != 0:
         row.update(outcome="failed", returncode=res.returncode, tail=res.output[-2000:])
     else:

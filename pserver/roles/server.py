@@ -66,6 +66,8 @@ class ServerShard:
         self.mode = serving(self.cfg, staged=self.payloads.staged and self.shm is None)
         build = BlockBuilder(ctx, self.shm, self.mode, len(self.live))
         self.blocks = build.blocks(mine, weights)
+        for st in self.blocks.values():  # a pull answer to a lost learner (issue 22)
+            st.versions.absorb = lambda error: ctx.peers.absorb(error, ctx.log)
         self.handlers = {Tag.PUSH: self.on_push, Tag.BYE: self.on_bye, Tag.RETIRE: self.on_retire}
         self.rows = ShardRows(self.records, self.shard, min(self.blocks), ctx.now)
         self.dropped_after_stop = 0
