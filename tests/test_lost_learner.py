@@ -165,3 +165,41 @@ def test_summary_lists_the_losses():
     s = summarize(dump(LOST))
     assert s["learners_lost"] == [LOST]
     assert summarize(dump(None, ended=(0, 1, 2, 3)))["learners_lost"] == []
+
+
+# -- the shard: a pull answer to a lost learner --------------------------------------------------
+
+
+class FailedSend:
+    """A send whose receiver died: its test fails once, then finds it freed (completed)."""
+
+    def __init__(self) -> None:
+        self.tests = 0
+
+    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
+        from mpi4py import MPI
+
+        self.tests += 1
+        if self.tests == 1:
+            raise MPI.Exception(MPI.ERR_PROC_FAILED)
+        return True
+
+
+def versions():  # noqa: ANN201
+    from pserver.roles.shard_versions import ServedVersions
+
+    v = ServedVersions(0, 3, [np.zeros(2)], lambda i: np.zeros(2), np)
+    v.pin_send(FailedSend())
+    return v
+
+
+def test_a_send_to_a_lost_learner_completes_once_the_loss_is_absorbed():
+    from mpi4py import MPI
+
+    with pytest.raises(MPI.Exception):  # no ULFM (or not a learner): the error stands
+        versions().collect()
+    v = versions()
+    seen: list[int] = []
+    v.absorb = lambda error: seen.append(error.Get_error_class()) is None
+    assert v.collect() and not v.inflight  # the version it pinned is free again
+    assert seen == [MPI.ERR_PROC_FAILED]
