@@ -41,7 +41,8 @@ python -m pytest -q "$@"
 # dump, hardsync end to end and bit-identical to serial SGD over two shards, a learner lost under
 # ULFM and the run finishing with the others: tests/test_mpi_lost_learner.py), not the whole
 # suite again: Open MPI's launcher takes seconds more per job than Hydra, and CI must stay well
-# under its limit (this part: 12 jobs, about 3 minutes on the loaded 2-core machine).
+# under its limit (this part: 18 jobs, about 4 minutes on the loaded 2-core machine; the six of
+# test_mpi_lost_learner.py took 20-85 s).
 PSERVER_MPI=openmpi bash scripts/setup.sh
 flags="--oversubscribe"
 [ "$(id -u)" = 0 ] && flags="$flags --allow-run-as-root"
