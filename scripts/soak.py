@@ -15,6 +15,14 @@ outcome of every run is one of:
 * ``failed`` — a nonzero exit (its last lines are kept);
 * ``hang`` — the hard timeout killed it.
 
+With ``--kill-learners P`` (Open MPI with ULFM: run the soak with ``.venv-openmpi``'s Python)
+each draw whose strategy survives a lost learner (``pserver.strategies.survives_lost_learner``)
+has, with probability P, one learner kill itself with SIGKILL at a random early step
+(``inject.fail_kill``), and every job is launched with ``--with-ft ulfm`` and the heartbeat
+detector. Such a run is ``ok`` when its dump is finished and consistent, whatever the launcher
+returned (Open MPI's ``mpiexec`` may report the dead rank's status; docs/launching.md, *Lost
+learners*).
+
 Every run is one JSON line in ``OUT/soak.jsonl`` (its overrides, outcome, seconds, problems),
 so a failing draw can be replayed with its printed command. The exit status is 1 if any run
 was not ``ok``.
@@ -118,6 +126,28 @@ def _serving(rng: random.Random, o: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+TRAIN_SIZE = 1347  # the quickstart's digits: 75 % of 1,797 images
+ULFM = ["--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true",
+        "--mca", "mpi_ft_detector_period", "0.5",
+        "--mca", "mpi_ft_detector_timeout", "10"]  # fmt: skip
+
+
+def kill(rng: random.Random, o: dict[str, Any]) -> dict[str, Any]:
+    """A learner that kills itself in the first half of its expected steps (issue 22)."""
+    lam = o["cluster.learners"]
+    steps = o["run.epochs"] * TRAIN_SIZE // (o["data.batch_size"] * lam)
+    return {"inject.fail_learner": rng.randrange(lam),
+            "inject.fail_step": rng.randint(1, max(1, steps // 2)),
+            "inject.fail_kill": True}  # fmt: skip
+
+
+def survives(overrides: dict[str, Any]) -> bool:
+    from pserver.strategies import survives_lost_learner
+
+    cfg = load_config(QUICKSTART, as_args(overrides))
+    return cfg.cluster.learners >= 2 and survives_lost_learner(cfg)
+
+
 def as_args(overrides: dict[str, Any]) -> list[str]:
     """``key=value`` arguments with TOML values (lists and strings quoted as TOML reads them)."""
     return [f"{k}={json.dumps(v)}" for k, v in overrides.items()]
@@ -138,17 +168,27 @@ def world_size(overrides: dict[str, Any]) -> int | None:
     return n
 
 
-def run_one(i: int, overrides: dict[str, Any], n: int, out: Path, timeout: float
-            ) -> dict[str, Any]:
+def run_one(i: int, overrides: dict[str, Any], n: int, out: Path, timeout: float,
+            flags: list[str] | None = None) -> dict[str, Any]:
     run_dir = out / f"run{i:04d}"
     args = [str(QUICKSTART), f"run.out_dir={run_dir}", "stats.progress=false",
             "run.overwrite=true", *as_args(overrides)]
     started = time.monotonic()
-    res = launch.run(launch.mpi_command(n, [*launch.pserver_cli(), *args]), timeout)
+    launcher = [*launch.launcher(), *(flags or [])]
+    res = launch.run(launch.mpi_command(n, [*launch.pserver_cli(), *args], launcher), timeout)
     row: dict[str, Any] = {"run": i, "n": n, "overrides": overrides,
                            "seconds": round(time.monotonic() - started, 2)}
+    killed = overrides.get("inject.fail_kill", False)
     if res.timed_out:
         row.update(outcome="hang", tail=res.output[-2000:])
+    elif killed and (run_dir / "stats.h5").exists():  # the dump says whether it finished
+        dump = load_dump(run_dir / "stats.h5")
+        problems = check_dump(dump)
+        lost = dump.group("learners_lost").get("learner", [])
+        row.update(outcome="inconsistent" if problems else "ok", problems=problems,
+                   returncode=res.returncode, learners_lost=[int(x) for x in lost])
+        if problems:
+            row["tail"] = res.output[-2000:]
     elif res.returncode != 0:
         row.update(outcome="failed", returncode=res.returncode, tail=res.output[-2000:])
     else:
@@ -163,14 +203,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=120.0, help="hard limit per run (s)")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "soak")
+    p.add_argument("--kill-learners", type=float, default=0.0, metavar="P",
+                   help="probability of a learner killed mid-run (Open MPI with ULFM)")
     args = p.parse_args(argv)
+    flags = ULFM if args.kill_learners > 0 else None
     args.out.mkdir(parents=True, exist_ok=True)
     rng, tally, redrawn = random.Random(args.seed), Counter(), 0
     with open(args.out / "soak.jsonl", "w") as log:
         for i in range(args.runs):
             while (n := world_size(o := draw(rng))) is None:
                 redrawn += 1
-            row = run_one(i, o, n, args.out, args.timeout)
+            if args.kill_learners > 0 and rng.random() < args.kill_learners and survives(o):
+                o.update(kill(rng, o))
+            row = run_one(i, o, n, args.out, args.timeout, flags)
             tally[row["outcome"]] += 1
             log.write(json.dumps(row) + "\n")
             log.flush()

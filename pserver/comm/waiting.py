@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 from mpi4py import MPI
 
+from pserver.comm.departures import Departures, is_failure
 from pserver.comm.liveness import Roster
 from pserver.comm.wire import Header
 from pserver.errors import PeerLost
@@ -30,6 +31,7 @@ EXIT_GRACE = 1.0  # after an MPI error, how long a dying peer may take to show a
 #: PeerLog's name for what an allreduce brings: one message from the whole learner group
 ALLREDUCE_PEERS = "the learners' allreduce"
 SUSPENDED = 1.0  # a sleep ending this much later than asked: the process did not run (StallClock)
+ABSORB_RETRIES = 16  # tests of one wait that may each end in a lost learner's error (ULFM)
 PR_SET_TIMERSLACK = 29  # prctl(2)
 TIMER_SLACK_NS = 1000
 #: the longest sleep crowding may stretch comm.poll_max to (crowded_poll_max): a message to an
@@ -133,6 +135,9 @@ class PeerLog:
         self._last: dict[int, tuple[str, float]] = {}
         self._t0 = time.monotonic()
         self.roster, self.names = roster, names
+        #: lost learners the run survives (Open MPI's ULFM, :mod:`pserver.comm.departures`)
+        self.departures: Departures | None = None
+        self.fatal: list[int] = []  # failed ranks the run cannot survive (ULFM names them)
 
     def note(self, peer: int | str, what: Header | str) -> None:
         """``what`` just arrived from ``peer``: a world rank, or a label for what a collective
@@ -156,8 +161,28 @@ class PeerLog:
         return f"rank {peer} ({self.names(peer)})" if self.names is not None else f"rank {peer}"
 
     def dead(self) -> list[int]:
-        """Peers on this node whose process has ended (none known without a roster)."""
-        return self.roster.dead() if self.roster is not None else []
+        """Peers on this node whose process has ended (none known without a roster), less
+        the learners whose loss the run survives: MPI's failure detector reports those."""
+        dead = self.roster.dead() if self.roster is not None else []
+        if self.departures is not None:
+            dead = [r for r in dead if r not in self.departures.learners]
+        return dead
+
+    def absorb(self, error: BaseException, log: logging.Logger | None = None) -> bool:
+        """Whether ``error`` is the failure of learners the run survives (ULFM): then they
+        are acknowledged, noted as lost (``departures``) and the wait may test again."""
+        d = self.departures
+        if d is None or not is_failure(error):
+            return False
+        new, fatal = d.absorb()
+        if fatal:
+            self.fatal = fatal
+            return False
+        for r in new:
+            if log is not None:
+                log.warning("lost %s: its process failed (MPI: %s); the run goes on without "
+                            "it", self.name(r), mpi_error_summary(error))
+        return bool(d.lost())
 
     def name(self, rank: int) -> str:
         parts = [self.names(rank)] if self.names is not None else []
@@ -177,7 +202,7 @@ class PeerLog:
         is what the error says, its process not yet a zombie): it is looked for again for up
         to ``EXIT_GRACE`` seconds before the report gives up naming it.
         """
-        dead = self.dead()
+        dead = self.fatal or self.dead()
         deadline = time.monotonic() + EXIT_GRACE
         look = error is not None and self.roster is not None
         while look and not dead and time.monotonic() < deadline:
@@ -338,10 +363,15 @@ class Waiter:
 
     def _test(self, done: Callable[[], bool], what: Callable[[], str] | str) -> bool:
         """``done()``, with an MPI failure turned into :class:`PeerLost` naming the peer."""
-        try:
-            return done()
-        except MPI.Exception as e:
-            raise self.peers.lost(what() if callable(what) else what, e) from e
+        for _ in range(ABSORB_RETRIES):
+            try:
+                return done()
+            except MPI.Exception as e:
+                # a lost learner (ULFM): acknowledged, its requests ended in error: test again
+                if not self.peers.absorb(e, self.log):
+                    raise self.peers.lost(what() if callable(what) else what, e) from e
+                error = e
+        raise self.peers.lost(what() if callable(what) else what, error) from error
 
     def wait(self, request: MPI.Request, what: Callable[[], str] | str) -> MPI.Status:
         status = MPI.Status()
@@ -353,15 +383,19 @@ class Waiter:
             self.until(lambda: MPI.Request.Testall(list(requests)), what)
 
     def probe(
-        self, comm: MPI.Comm, what: Callable[[], str] | str
-    ) -> tuple[MPI.Message, MPI.Status]:
+        self,
+        comm: MPI.Comm,
+        what: Callable[[], str] | str,
+        also: Callable[[], bool] = lambda: False,
+    ) -> tuple[MPI.Message | None, MPI.Status]:
         """Wait until a message from anyone is pending on ``comm``; match it and return it.
 
         A matched probe (``MPI_Improbe``), never a posted wildcard receive: across hosts,
         MPICH's default UCX netmod loses posted ``ANY_SOURCE`` receives (docs/architecture.md,
         "Wildcard receives"). The message is out of MPI's matching from here on: the caller must
         receive it through the returned ``Message`` (``Recv``/``Irecv``, or ``recv`` when it
-        was pickled), and the status says who sent it with which tag.
+        was pickled), and the status says who sent it with which tag. None (no message) when
+        ``also()`` turned true first.
         """
         status = MPI.Status()
         found: list[MPI.Message] = []
@@ -371,7 +405,7 @@ class Waiter:
             msg = comm.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
             if msg is not None:
                 found.append(msg)
-            return msg is not None
+            return msg is not None or also()
 
         self.until(matched, what)
-        return found[0], status
+        return (found[0] if found else None), status

@@ -22,6 +22,9 @@ schema (``docs/stats.md``) it relies on:
   ``minibatches`` equals its ``train`` rows, numbered 0, 1, …; a resumed run (or one with
   periodic checkpoints) has one such row per part, and its last one, whose counts are the
   run's so far, is the one held to the streams (:func:`last_rows`);
+* a lost learner (``learners_lost``, issue 22) has no end-of-run row, train steps 0, 1, … at
+  most up to its ``last_step``, and λ drops by one per loss; a learner that trained and has
+  no end row was lost (or the run did not finish);
 * training reached the configured epochs (counted as ``run.epoch_basis`` says);
 * tests are at increasing epochs with errors in [0, 1] and finite losses;
 * PP-ASGD (``predictions/``, ``prediction_errors/``): a shard's prediction rows are its updates,
@@ -193,6 +196,33 @@ def _learners(dump: Dump) -> Problems:
     return out
 
 
+def _lost(dump: Dump) -> Problems:
+    """``learners_lost`` (issue 22): a lost learner has no end row and train steps 0 … its
+    ``last_step``; λ drops by one per loss; a learner with train rows and no end row was lost."""
+    lost, train = dump.group("learners_lost"), dump.group("train")
+    ended = {int(x) for x in dump.group("learners").get("learner", [])}
+    out: Problems = []
+    gone = {int(x) for x in lost.get("learner", [])}
+    for i, (lr, last) in enumerate(zip(lost.get("learner", []), lost.get("last_step", []),
+                                       strict=True)):
+        steps = np.sort(train["step"][train["learner"] == lr]) if train else np.array([])
+        if int(lr) in ended:
+            out.append(f"learner {lr} is recorded lost but has an end-of-run row")
+        # its last train rows may have died with it, unsent: steps 0, 1, … up to last_step
+        if len(steps) > int(last) + 1 or not np.array_equal(steps, np.arange(len(steps))):
+            out.append(f"lost learner {lr}: last step {last} but train steps {_span(steps)}")
+        want = int(dump.attrs.get("n_learners", 0)) - (i + 1)
+        if "n_learners" in dump.attrs and int(lost["learners"][i]) != want:
+            out.append(f"learners_lost row {i}: λ = {lost['learners'][i]} after the loss, "
+                       f"expected {want}")
+    if "finished" in dump.attrs and ended and train and "dropped_records" not in dump.attrs:
+        silent = sorted({int(x) for x in train["learner"]} - ended - gone)
+        if silent:
+            out.append(f"learners {silent} trained but have no end-of-run row and are not "
+                       "recorded lost")
+    return out
+
+
 def _span(steps: np.ndarray) -> str:
     return "none" if len(steps) == 0 else f"{len(steps)} rows, {steps.min()}..{steps.max()}"
 
@@ -276,6 +306,6 @@ def _staleness(dump: Dump) -> Problems:
 
 
 RULES: tuple[Callable[[Dump], Problems], ...] = (
-    _finished, _updates, _gradients, _staleness, _end_rows, _learners, _epochs, _tests,
+    _finished, _updates, _gradients, _staleness, _end_rows, _learners, _lost, _epochs, _tests,
     _predictions,
 )

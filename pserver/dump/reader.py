@@ -335,6 +335,13 @@ def _samples(dump: Dump, learners: dict[int, dict[str, Any]]) -> int | None:
     return None
 
 
+def _learners_lost(dump: Dump) -> list[dict[str, Any]]:
+    """The ``learners_lost`` rows, one dict each (empty when no learner was lost)."""
+    g = dump.group("learners_lost")
+    n = dump.rows("learners_lost") if g else 0
+    return [{k: g[k][i].item() for k in g} for i in range(n)]
+
+
 def summarize(dump: Dump) -> dict[str, Any]:
     """Everything ``pserver-stats summary`` reports, as a JSON-serialisable dict."""
     run_keys = (
@@ -364,6 +371,7 @@ def summarize(dump: Dump) -> dict[str, Any]:
         "wall_time_estimated": estimated,
         "samples": samples,
         "samples_per_s": samples / wall if samples is not None and wall else None,
+        "learners_lost": _learners_lost(dump),
         "statistics_lost": {  # what the statistics server could not keep up with
             "dropped_records": int(dump.attrs.get("dropped_records_total", 0)),
             "skipped_tests": [int(e) for e in skipped],

@@ -256,6 +256,17 @@ class Round:
     local_steps: int = col("int64", "the learners' local steps in this block, summed")
 
 
+@dataclass(frozen=True)
+class LearnerLost:
+    """Issue 22: a learner that died while the run went on (Open MPI's ULFM)."""
+
+    learner: int = col("int32", "learner index")
+    rank: int = col("int32", "its MPI rank")
+    time: float = col("float64", "s since start when the statistics server saw it lost")
+    last_step: int = col("int64", "its last step the dump knows of: train row or push (-1: none)")
+    learners: int = col("int32", "λ after the loss: the learners still training")
+
+
 VECTOR_CLOCK = Column("vector_clock", "int64", "timestamps of the aggregated gradients")
 
 GROUPS: dict[str, Group] = {
@@ -277,6 +288,7 @@ GROUPS: dict[str, Group] = {
         Group("exchanges", "one per learners-only learner step", Exchange),
         Group("drift", "one per epoch end of a learners-only run", Drift),
         Group("rounds", "one per block round of bmuf or ma, per parameter block", Round),
+        Group("learners_lost", "one per learner lost while the run went on", LearnerLost),
     )
 }
 

@@ -122,10 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     PHASES.mark("imports")  # the interpreter's start and this module's imports
     from mpi4py import MPI
 
+    from pserver.comm.departures import heartbeat
+
+    with heartbeat(MPI.COMM_WORLD):  # Open MPI's ULFM (issue 22): heard while busy
+        return rank_main(argv, MPI.COMM_WORLD)
+
+
+def rank_main(argv: list[str] | None, world) -> int:  # noqa: ANN001 - MPI.Comm
+    """One rank's life under ``main``."""
     from pserver.comm.waiting import PeerLog, Waiter, crowded_poll_max, crowded_spin
     from pserver.runtime.startup import agree, failure_message, outcome, status_of
 
-    world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     lone = lone_rank(size)  # srun without --mpi: N worlds of 1; say so once, not N times
     args = parse_args(argv, rank if lone is None else int(not lone[1]))
@@ -257,6 +264,7 @@ def run(ctx, world) -> int:  # noqa: ANN001 - Context and MPI.Comm, imported laz
     ``pserver.ckpt.drivers.periodic`` for ``run.checkpoint_interval``)."""
     from pserver.ckpt.drivers.periodic import run_parts
     from pserver.comm.channels import Channels
+    from pserver.comm.departures import departures_of
     from pserver.optim.blas import limit_blas_threads
 
     ctx.log = setup_logging(ctx.rank, ctx.layout.describe(ctx.rank), ctx.cfg.run.log_level)
@@ -272,6 +280,7 @@ def run(ctx, world) -> int:  # noqa: ANN001 - Context and MPI.Comm, imported laz
 
         ctx.log.info("%s", startup_line(ctx.dataset, ctx.cfg.model, ctx.model))
     ctx.channels = Channels.create(world)
+    ctx.peers.departures = departures_of(ctx, world)  # issue 22: None unless Open MPI's ULFM
     # a thread that waits for the GIL gets it after at most this long: Python's default 5 ms
     # starves a comm thread beside pure-Python compute (docs/architecture.md, "The
     # communication thread and the GIL", has the figures)

@@ -177,6 +177,8 @@ class InjectConfig:
     freeze_step: int = 0  # ... after its push (and pull request) of this minibatch
     freeze_time: float = 0.0
     fail_step: int = 0  # ... at this minibatch
+    # issue 22: the failing learner sends itself SIGKILL instead (a lost learner, no message)
+    fail_kill: bool = False
     # issue 15: seconds added per sample of the minibatch (compute that grows with μ, Rudra §V-B)
     compute_per_sample: float = 0.0
 

@@ -86,6 +86,12 @@ class Protocol(abc.ABC):
         """``learner`` has finished: it must no longer hold anything back."""
         del learner  # most protocols keep no per-learner state
 
+    def lose(self, learner: int) -> None:
+        """``learner`` died (a lost learner, Open MPI's ULFM): it will send nothing more, and
+        whatever counts λ is recomputed for the learners left. Without a quorum of its own a
+        protocol treats it as retired."""
+        self.retire(learner)
+
     @abc.abstractmethod
     def commit(self, server_ts: int) -> UpdateDecision:
         """Close the current round: what the update from ``server_ts`` to the next is made of."""

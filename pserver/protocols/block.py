@@ -20,5 +20,10 @@ class BlockRound(Hardsync):
         self.lr_scale = 1.0
         self.tau = tau
 
+    def lose(self, learner: int) -> None:
+        """A lost learner: the block average is over the λ − 1 deltas left, at the same rate."""
+        super().lose(learner)
+        self.lr_scale = 1.0
+
     def describe(self) -> str:
         return f"block round of {self.n_learners} deltas, tau = {self.tau} local steps"

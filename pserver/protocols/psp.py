@@ -87,6 +87,14 @@ class PartialPush(Protocol):
         learners still running have answered (their held pulls are then answered)."""
         self.rounds.retire(learner)
 
+    def lose(self, learner: int) -> None:
+        """A lost learner: rounds of the λ − 1 others, ``c`` at most λ − 1."""
+        if learner in self.rounds.lost:
+            return
+        self.rounds.lose(learner)
+        self.n_learners -= 1
+        self.c = max(1, min(self.c, self.n_learners))
+
     def deadline(self) -> float | None:
         """When the round closes without another arrival: ``t_c + tau1``; None below ``c``.
 

@@ -93,6 +93,7 @@ class Rounds:
         self.round = 0  # the block's timestamp, as the last arrival or commit told us
         self.latest: dict[int, int] = {}  # learner -> largest tag seen from it
         self.retired: set[int] = set()  # learners that said goodbye (stopped early: a signal)
+        self.lost: set[int] = set()  # learners that died (ULFM): no longer among n_learners
 
     def judge(self, arrival: Arrival, server_ts: int) -> GradientDecision:
         """Accept the push into round ``server_ts`` or drop it, and note the response.
@@ -114,9 +115,12 @@ class Rounds:
 
     def all_responded(self) -> bool:
         """Every learner has answered this round (and at least one gradient is in it)."""
-        if len(self.pending) >= self.n_learners:
-            return True
-        if self.retired and len(self.pending) >= self.n_learners - len(self.retired):
+        # a lost learner's gradient taken before it died stays in the round, but does not
+        # stand for a running learner's answer
+        taken = sum(1 for k in self.pending.learners if k not in self.lost)
+        if taken >= self.n_learners:
+            return len(self.pending) > 0
+        if self.retired and taken >= self.n_learners - len(self.retired):
             return len(self.pending) > 0  # the learners still running have all answered
         if not len(self.pending) or len(self.latest) < self.n_learners:
             return False
@@ -126,6 +130,16 @@ class Rounds:
         """``learner`` computes no more: a round no longer waits for its gradient (a learner
         stopped by a signal while the others finish their step, ``pserver.runtime.signals``)."""
         self.retired.add(learner)
+
+    def lose(self, learner: int) -> None:
+        """``learner`` died: rounds wait for the ``n_learners − 1`` others from now on (its
+        gradient already in this round stays in it)."""
+        if learner in self.lost:
+            return
+        self.lost.add(learner)
+        self.n_learners -= 1
+        self.latest.pop(learner, None)
+        self.retired.discard(learner)  # counted once: as lost
 
     def closed(self, server_ts: int) -> None:
         self.round = server_ts + 1

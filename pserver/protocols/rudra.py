@@ -31,6 +31,7 @@ class Hardsync(Protocol):
     def __init__(self, n_learners: int, batch_size: int, ref_batch: int) -> None:
         super().__init__()
         self.n_learners = n_learners
+        self.batch_size, self.ref_batch = batch_size, ref_batch
         self.lr_scale = math.sqrt(n_learners * batch_size / ref_batch)
         self.rounds = Rounds(n_learners, self.pending, "computed on superseded weights")
 
@@ -42,6 +43,15 @@ class Hardsync(Protocol):
 
     def retire(self, learner: int) -> None:
         self.rounds.retire(learner)
+
+    def lose(self, learner: int) -> None:
+        """A lost learner: rounds of λ − 1 gradients, α0·√((λ − 1)μ/B) (§III-B with the new
+        λ)."""
+        if learner in self.rounds.lost:
+            return
+        self.rounds.lose(learner)
+        self.n_learners -= 1
+        self.lr_scale = math.sqrt(max(self.n_learners, 1) * self.batch_size / self.ref_batch)
 
     def commit(self, server_ts: int) -> UpdateDecision:
         d = len(self.pending)  # λ, except with partial pulling (see the class docstring)
@@ -65,9 +75,11 @@ class Softsync(Protocol):
         super().__init__()
         if not 1 <= n <= n_learners:
             raise ValueError(f"n-softsync needs 1 <= n <= λ = {n_learners}, got n = {n}")
+        self.n_learners = n_learners
         self.n = n
         self.count = n_learners // n
         self.lr_policy = lr_policy
+        self.lost: set[int] = set()
 
     def on_gradient(self, arrival: Arrival, server_ts: int) -> GradientDecision:
         sigma = staleness(server_ts, arrival.timestamp)
@@ -77,6 +89,18 @@ class Softsync(Protocol):
 
     def ready(self, now: float | None = None) -> bool:
         return len(self.pending) >= self.count
+
+    def lose(self, learner: int) -> None:
+        """A lost learner: eq. (5) for λ − 1. Async (n = λ) stays async, n = λ − 1; else n is
+        kept while n <= λ − 1, and c = ⌊(λ − 1)/n⌋."""
+        if learner in self.lost or self.n_learners <= 1:
+            return
+        self.lost.add(learner)
+        was_async = self.n == self.n_learners
+        self.n_learners -= 1
+        self.n = self.n_learners if was_async else min(self.n, self.n_learners)
+        self.count = self.n_learners // self.n
+        self.retire(learner)
 
     def commit(self, server_ts: int) -> UpdateDecision:
         scale = self.lr_scale(server_ts)

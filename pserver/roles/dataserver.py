@@ -80,8 +80,11 @@ class DataServer:
     def run(self) -> None:
         inbox = Inbox(self.comm, self.waiter, self.ctx.peers)
         while self.live:
-            h = inbox.next(lambda: f"minibatch requests from learners {sorted(self.live)}")
-            assert h is not None  # no other way for this wait to end
+            h = inbox.next(lambda: f"minibatch requests from learners {sorted(self.live)}",
+                           also=lambda: bool(self.lost()))
+            self.live -= set(self.lost())  # died (ULFM): asks for nothing more
+            if h is None:
+                continue
             if h.kind is Tag.DATA_REQ:
                 self.serve(h.sender)
             elif h.kind is Tag.BYE:
@@ -90,6 +93,11 @@ class DataServer:
             else:
                 raise WireError(f"data server got unexpected {h} from rank {h.sender}")
         self.ctx.log.debug("served %d minibatches, %d stops", self.served, self.stopped)
+
+    def lost(self) -> list[int]:
+        """Learners of ``live`` that died (``pserver.comm.departures``; none without ULFM)."""
+        d = self.ctx.peers.departures
+        return [] if d is None else sorted(self.live & d.lost().keys())
 
     def serve(self, dest: int) -> None:
         learner = self.ctx.layout.index(dest)

@@ -66,6 +66,8 @@ class ServerShard:
         self.mode = serving(self.cfg, staged=self.payloads.staged and self.shm is None)
         build = BlockBuilder(ctx, self.shm, self.mode, len(self.live))
         self.blocks = build.blocks(mine, weights)
+        for st in self.blocks.values():  # a pull answer to a lost learner (issue 22)
+            st.versions.absorb = lambda error: ctx.peers.absorb(error, ctx.log)
         self.handlers = {Tag.PUSH: self.on_push, Tag.BYE: self.on_bye, Tag.RETIRE: self.on_retire}
         self.rows = ShardRows(self.records, self.shard, min(self.blocks), ctx.now)
         self.dropped_after_stop = 0
@@ -86,7 +88,7 @@ class ServerShard:
         what = lambda: f"a push or pull from learners {sorted(self.live)}"  # noqa: E731
         while self.live:
             header = inbox.next(
-                what, also=self.pulls.released, due=self.next_due(), clock=self.ctx.now
+                what, also=self.released_or_lost, due=self.next_due(), clock=self.ctx.now
             )
             if header is not None:
                 handler = self.handlers.get(header.kind)
@@ -95,6 +97,7 @@ class ServerShard:
                 started = time.perf_counter()
                 handler(header)
                 self.inject.slow_down(time.perf_counter() - started)
+            self.on_lost()
             self.on_time()
             self.pulls.answer_starved()
             self.records.maybe_send()
@@ -129,6 +132,8 @@ class ServerShard:
             req = self.ch.bulk.Irecv(self.payloads.incoming(h.block, g), h.sender, h.block)
             what = lambda: f"gradient payload of block {h.block} from rank {h.sender}"  # noqa: E731
             self.waiter.wait(req, what)
+            if self.gone(h.sender):  # it died sending: its in-flight gradient is lost
+                return
             self.payloads.arrived(h.block, g)
         self.bytes_in += g.nbytes
         try:
@@ -200,6 +205,33 @@ class ServerShard:
             st.versions.unpin_reader(h.sender)
         # a learner, or a top aggregator (its subtree's learners, retired already by RETIRE)
         self.retire(departed_learners(self.ctx.layout, h.sender))
+
+    def lost(self) -> list[int]:
+        """Learners of ours that died (Open MPI's ULFM, ``pserver.comm.departures``)."""
+        d = self.ctx.peers.departures
+        return [] if d is None else sorted(self.live & d.lost().keys())
+
+    def gone(self, rank: int) -> bool:
+        d = self.ctx.peers.departures
+        return d is not None and d.is_lost(rank)
+
+    def released_or_lost(self) -> bool:
+        return self.pulls.released() or bool(self.lost())
+
+    def on_lost(self) -> None:
+        """A lost learner is a departure without goodbye: its held pulls are forgotten (no
+        one reads the answer), its window loans end, and each block's protocol recomputes
+        its quorum for λ − 1 (``Protocol.lose``); a round it held back closes now."""
+        for rank in self.lost():
+            self.live.discard(rank)
+            learner = self.ctx.layout.index(rank)
+            for st in self.blocks.values():
+                self.pulls.forget(st, rank)
+                st.versions.unpin_reader(rank)
+                st.arith.protocol.lose(learner)
+            self.ctx.log.info("learner %d (rank %d) lost: %s from now on", learner, rank,
+                              next(iter(self.blocks.values())).arith.protocol.describe())
+            self.retire([])
 
     def on_retire(self, h: Header) -> None:
         """A learner below an aggregator said goodbye (``pserver.ckpt.drivers.aggregator``)."""

@@ -65,6 +65,12 @@ class PullAnswers:
         for _ in held:
             self.reply(sender, st, Reply.STOP)
 
+    def forget(self, st: BlockState, sender: int) -> None:
+        """Drop the pulls a lost learner left held (issue 22): nobody is there to answer."""
+        self.inject.withdraw(sender, st.block.index)
+        st.waiting_pulls = [h for h in st.waiting_pulls if h.sender != sender]
+        st.starved = [h for h in st.starved if h.sender != sender]
+
     def on_pull(self, h: Header) -> None:
         learner = self.ctx.layout.index(h.sender)
         request, delay = self.inject.delay(h, learner, self.ctx.now())

@@ -14,7 +14,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from pserver.comm.waiting import Waiter
+from pserver.comm.waiting import ABSORB_RETRIES, Waiter
 from pserver.protocols.versions import VersionPool, release_completed
 
 
@@ -32,13 +32,24 @@ class ServedVersions:
         self.staged_ts = -1  # timestamp of the staged (or device-synchronized) current version
         self.served_ts = -1  # PP-ASGD: timestamp of the prediction in the current version
         self.copy_cost = 0.0  # seconds the last copy-on-write of the block took
+        # issue 22: whether an MPI error is a lost learner's, absorbed (PeerLog.absorb)
+        self.absorb: Callable[[BaseException], bool] = lambda error: False
 
     @property
     def current(self) -> Any:
         return self.bufs[self.pool.current]
 
     def collect(self) -> bool:
-        """Release the versions read by sends that have completed; True if any did."""
+        """Release the versions read by sends that have completed; True if any did.
+
+        A send to a learner lost under ULFM completes in error: once ``absorb`` has taken the
+        loss, the send counts as completed (its request is freed) and the test goes on."""
+        for _ in range(ABSORB_RETRIES):
+            try:
+                return release_completed(self.inflight, self.pool)
+            except MPI.Exception as error:
+                if not self.absorb(error):
+                    raise
         return release_completed(self.inflight, self.pool)
 
     def can_pin(self) -> bool:

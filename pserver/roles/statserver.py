@@ -32,6 +32,7 @@ from pserver.dump.progress import sigma_text
 from pserver.dump.schema import DATA_SCALING
 from pserver.dump.writer import DumpWriteError, StatsWriter
 from pserver.roles.live import Live
+from pserver.roles.losses import Losses
 from pserver.runtime.context import Context
 from pserver.runtime.provenance import dump_attrs
 from pserver.runtime.rundir import point_latest
@@ -65,6 +66,7 @@ class StatsServer:
         # progress lines and TensorBoard scalars, fed the rows the dump gets (issue 24)
         self.outputs = Live(self.cfg, ctx.train_size, ctx.dump_path.parent, ctx.log,
                          self.writer.rows(), resume is None, ctx.t0)  # fmt: skip
+        self.losses = Losses(ctx)
         self.handlers = {
             Tag.RECORDS: self.on_records,
             Tag.MODEL: self.on_model,
@@ -126,14 +128,19 @@ class StatsServer:
         while self.live:
             # a matched probe (Waiter.probe): each handler receives the message it is given
             msg, status = self.waiter.probe(
-                self.comm, lambda: f"reports from ranks {sorted(self.live)}"
+                self.comm, lambda: f"reports from ranks {sorted(self.live)}",
+                also=lambda: self.losses.pending(self.live),
             )
+            self.losses.take(self.live)
+            if msg is None:
+                continue
             tag = status.Get_tag()
             handler = self.handlers.get(tag)  # type: ignore[call-overload]
             if handler is None:
                 raise WireError(f"stats server got unknown tag {tag} from {status.Get_source()}")
             handler(msg, status)
             self.writer.maybe_flush()
+        self.losses.write(self.writer)
         self.skip_untested()
         self.outputs.close(self.ctx.now(), self.sigma())
         self.final_line()
@@ -195,6 +202,7 @@ class StatsServer:
         msg.Recv([data, MPI.BYTE])
         self.ctx.peers.note(source, "RECORDS")
         rows, clocks, dropped = decode(data)
+        self.losses.steps(rows)
         for group, cols in rows.items():
             self.writer.append(group, **cols)  # typed by the dump schema (pserver.dump.schema)
         if clocks:

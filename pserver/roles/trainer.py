@@ -14,6 +14,8 @@ injected faults and delays (``inject.*``), the timings and the ``train`` and ``l
 from __future__ import annotations
 
 import math
+import os
+import signal
 import time
 from typing import Any
 
@@ -21,6 +23,16 @@ from pserver.comm.wire import Header, Tag, header_buffer
 from pserver.errors import diverged, nonfinite_gradient
 from pserver.plan.config import inject_plan
 from pserver.roles.exchange import Exchange
+
+
+def kill_self(log: Any, step: int) -> None:
+    """``inject.fail_kill``: end this process as a node failure would (SIGKILL), after a log
+    line that says when; the survivors see a lost learner (docs/launching.md, *Lost
+    learners*)."""
+    log.warning("inject.fail_kill: killing this learner (pid %d) at step %d", os.getpid(), step)
+    for handler in log.handlers:
+        handler.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Trainer:
@@ -172,6 +184,8 @@ class Trainer:
 
     def compute(self, w: Any, X: Any, y: Any, grad: Any) -> None:
         if self.index == self.cfg.inject.fail_learner and self.steps == self.cfg.inject.fail_step:
+            if self.cfg.inject.fail_kill:  # a lost learner: no message, no goodbye, no flush
+                kill_self(self.ctx.log, self.steps)
             raise RuntimeError(f"failure injected at step {self.steps} (inject.fail_learner)")
         started = time.perf_counter()
         self.loss, self.error = self.model.loss_grad(w, X, y, grad)

@@ -66,6 +66,31 @@ def agree(comm: MPI.Comm, status: int, waiter: Waiter) -> np.ndarray:
     return every
 
 
+def agree_alive(
+    comm: MPI.Comm, status: int, waiter: Waiter, ulfm: bool
+) -> tuple[np.ndarray, list[int]]:
+    """:func:`agree` among the ranks still alive: (every rank's status, 0 for a dead one;
+    the dead ranks). ``ulfm``: the run survives lost learners (``pserver.comm.departures``);
+    then every rank shrinks ``comm`` first (``MPI_Comm_shrink``, which agrees who failed; a
+    plain copy when nobody did), whether or not it saw a loss itself, so all call the same
+    collectives. The blocking shrink, once at the end of a run: Open MPI 5.0's
+    ``MPI_Comm_ishrink`` fails with ``MPI_ERR_INTERN`` once a rank has died (measured on
+    5.0.11), and the survivors reach this point together (their loops have ended)."""
+    if not ulfm:
+        return agree(comm, status, waiter), []
+    alive = comm.Shrink()
+    try:
+        got = agree(alive, status, waiter)
+        ranks = MPI.Group.Translate_ranks(
+            alive.Get_group(), list(range(alive.Get_size())), comm.Get_group()
+        )
+    finally:
+        alive.Free()
+    every = np.zeros(comm.Get_size(), dtype=np.int32)
+    every[list(ranks)] = got
+    return every, sorted(set(range(comm.Get_size())) - set(ranks))
+
+
 def outcome(statuses: np.ndarray, rank: int) -> tuple[int, bool, str]:
     """(exit status, whether this rank prints its message, the suffix to add to it).
 

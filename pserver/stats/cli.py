@@ -149,6 +149,12 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"not recorded {lost.get('dropped_records', 0)} rows dropped by lagging ranks"
             f"   tests skipped at epochs {lost.get('skipped_tests', [])}"
         )
+    for lost_row in summary.get("learners_lost", []):
+        lines.append(
+            f"lost         learner {lost_row['learner']} (rank {lost_row['rank']}) at "
+            f"t={lost_row['time']:.1f}s after step {lost_row['last_step']}; "
+            f"λ = {lost_row['learners']} from then on"
+        )
     wall = "n/a" if summary["wall_time"] is None else f"{summary['wall_time']:.1f} s"
     note = "  (from the last row: the run did not finish cleanly)"
     lines.append(f"wall time    {wall}{note if summary['wall_time_estimated'] else ''}")

@@ -70,6 +70,17 @@ def owners(key: str) -> tuple[str, ...]:
     return tuple(s.name for s in REGISTRY.values() if s.uses(key))
 
 
+def survives_lost_learner(cfg: Any) -> bool:
+    """Whether a run of ``cfg`` goes on without a learner that died (issue 22): its strategy
+    absorbs the loss, and no rank but the learner itself holds its traffic (no aggregator
+    tree, no broadcast tree, no shared window); no periodic checkpoints (a part's drivers are
+    rebuilt for the whole layout)."""
+    s = lookup(cfg.protocol.name)
+    c = cfg.cluster
+    plain = c.tree_fanout == 0 and c.bcast_fanout == 0 and cfg.comm.transport == "messages"
+    return s.survives_lost_learner and plain and cfg.run.checkpoint_interval == 0
+
+
 def make_protocol(cfg: Any, n_learners: int) -> Any:
     """The shard protocol of one block, from ``[protocol]`` and the learner count λ.
 

@@ -137,6 +137,9 @@ class Strategy:
     #: (``run.checkpoint_interval``); when False, ``why_no_pause`` says why
     pauses: bool = True
     why_no_pause: str = ""
+    #: issue 22: a learner's death is a departure its protocol absorbs (``Protocol.lose``),
+    #: where the MPI library offers ULFM (``pserver.comm.departures``)
+    survives_lost_learner: bool = False
 
     @property
     def layered(self) -> tuple[Param, ...]:

@@ -25,4 +25,5 @@ HARDSYNC = Strategy(
     waits_for_update=True,
     tree=True,
     checks=(*ps.CHECKS, ps.check_round_lr_policy),
+    survives_lost_learner=True,
 )

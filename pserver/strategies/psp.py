@@ -33,4 +33,5 @@ PSP = Strategy(
     exchanges=ps.EXCHANGES,
     waits_for_update=True,
     checks=(*ps.CHECKS, ps.check_round_lr_policy),
+    survives_lost_learner=True,
 )

@@ -35,6 +35,7 @@ SOFTSYNC = Strategy(
     exchanges=ps.EXCHANGES,
     tree=True,
     checks=ps.CHECKS,
+    survives_lost_learner=True,
 )
 
 ASYNC = Strategy(
@@ -47,4 +48,5 @@ ASYNC = Strategy(
     exchanges=ps.EXCHANGES,
     tree=True,
     checks=ps.CHECKS,
+    survives_lost_learner=True,
 )

@@ -35,4 +35,5 @@ SSP = Strategy(
     # the shard holds a pull past the bound: an overlapped learner would compute on regardless
     exchanges={"blocking": PS},
     checks=(*ps.CHECKS, check_lr_policy),
+    survives_lost_learner=True,
 )

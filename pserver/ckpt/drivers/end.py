@@ -46,7 +46,7 @@ from pserver.ckpt.files import (
 from pserver.ckpt.resume import checkpoint_dir, unsupported
 from pserver.plan.topology import Role
 from pserver.runtime.signals import STOPPED
-from pserver.runtime.startup import agree
+from pserver.runtime.startup import agree_alive
 
 WRITE_FAILED, STOPPED_EARLY = 1, 2  # bits of a rank's report
 PAUSED = 4  # a learner paused for a periodic checkpoint (pserver.ckpt.drivers.periodic)
@@ -85,7 +85,10 @@ def end_checkpoint(ctx: Any, world: Any, driver: Any, gen: int | None = None) ->
         report |= STOPPED_EARLY
     if getattr(driver, "paused", False):
         report |= PAUSED
-    statuses = agree(world, report, ctx.waiter())
+    ulfm = getattr(ctx.peers, "departures", None) is not None
+    statuses, dead = agree_alive(world, report, ctx.waiter(), ulfm)
+    if dead:  # lost learners (issue 22): a generation needs every rank's file
+        return lost_not_committed(ctx, gen, dead)
     code = STOPPED if (statuses & STOPPED_EARLY).any() else 0
     if code == 0 and (statuses & PAUSED).any():
         code = CONTINUE
@@ -128,6 +131,17 @@ def end_checkpoint(ctx: Any, world: Any, driver: Any, gen: int | None = None) ->
             return NOT_WRITTEN
         log_cost(ctx, root, gen, time.perf_counter() - started, code)
     return code
+
+
+def lost_not_committed(ctx: Any, gen: int, dead: list[int]) -> int:
+    """A run that lost learners ends without a checkpoint (a generation holds every rank's
+    state, and a resume the same λ): said once, and the run's own status stands (0)."""
+    if ctx.role is Role.STATS:
+        ctx.log.warning(
+            "checkpoint generation %d not committed: ranks %s were lost during the run; "
+            "the run itself finished (its dump is complete)", gen, dead,
+        )
+    return 0
 
 
 def epochs_done(epochs: int, code: int, stats: dict) -> int:

