@@ -208,3 +208,20 @@ def test_a_run_out_dir_override_is_refused_on_resume_unless_it_names_the_run_dir
     other = out_dir_overrides([f"run.out_dir={tmp_path / 'other'}", "run.epochs=3"], "q", "7")
     with pytest.raises(CheckpointError, match="drop the run.out_dir override"):
         check_out_dir(str(run), other)
+
+
+def test_periodic_checkpoints_are_refused_where_they_are_known_to_hang():
+    """An aggregator tree under the overlapped engines: a part resumed in place waited for ever
+    (hardsync, 9 ranks); refused with one line instead, before training. ADPSGD: its learners
+    pause at no common point, as its descriptor says."""
+    from pserver.ckpt.files import CheckpointError
+    from pserver.ckpt.resume import refuse_periodic
+    from pserver.plan.config import load_config
+
+    base = ["run.checkpoint_interval=0.3", "cluster.tree_fanout=2"]
+    refuse_periodic(load_config(None, [*base, "comm.mode=blocking"]))  # runs (tested under MPI)
+    for mode in ("nonblocking", "thread"):
+        with pytest.raises(CheckpointError, match=r"aggregator tree .* \(a known defect\)"):
+            refuse_periodic(load_config(None, [*base, f"comm.mode={mode}"]))
+    with pytest.raises(CheckpointError, match="pause at no common point"):
+        refuse_periodic(load_config(None, ["run.checkpoint_interval=1", "protocol.name=adpsgd"]))

@@ -91,6 +91,16 @@ def refuse_periodic(cfg: Config) -> None:
     learners cannot pause together (``Strategy.pauses``)."""
     what = f"run.checkpoint_interval = {cfg.run.checkpoint_interval}"
     refuse_unsupported(cfg, what)
+    if cfg.cluster.tree_fanout > 0 and cfg.comm.mode != "blocking":
+        # a known defect, refused rather than left to hang: after a part's in-place resume the
+        # shard's round waits for ever although every aggregator relayed its children's
+        # gradients (hardsync, 9 ranks, comm.mode nonblocking or thread, 0.3 s parts)
+        raise CheckpointError(
+            f"{what}: periodic checkpoints with an aggregator tree (cluster.tree_fanout = "
+            f"{cfg.cluster.tree_fanout}) and comm.mode = {cfg.comm.mode!r} are not supported: "
+            "a part resumed in place can wait for ever (a known defect); use comm.mode = "
+            '"blocking", or checkpoint at the end and on SIGTERM only (docs/checkpoints.md)'
+        )
     strategy = lookup(cfg.protocol.name)
     if not strategy.pauses:
         raise CheckpointError(
