@@ -89,4 +89,6 @@ def test_a_strategy_without_departures_ends_promptly_naming_the_learner(tmp_path
                       *KILL], timeout=120, flags=ULFM)  # fmt: skip
     assert res.returncode != 0
     assert "lost rank 4 (learner 2" in res.output, res.output  # sync: no shard, learner 2 = 4
-    assert "finished" not in load_dump(tmp_path / "run" / "stats.h5").attrs
+    # the job may end before the statistics server's first flush made the dump (1 of 5 here)
+    dump = tmp_path / "run" / "stats.h5"
+    assert not dump.exists() or "finished" not in load_dump(dump).attrs
