@@ -86,13 +86,17 @@ def train(
     return res
 
 
-def assert_learned(dump, best: float = 0.03, final: float = 0.06) -> None:  # noqa: ANN001
+def assert_learned(dump, best: float = 0.04, final: float = 0.06) -> None:  # noqa: ANN001
     """20 epochs of the quickstart MLP on the digits learned: the test error reached ``best``
     at some test and ended at most ``final`` (chance is 0.9).
 
     Measured with the quickstart's learning-rate decay: final 1.6-2.4 %; without it the last
     epochs wander by a few of the 450 test images, final 3.3-4.7 %, best 1.3-2.2 %
-    (docs/protocols.md, "Measured staleness"). The bounds hold for both.
+    (docs/protocols.md, "Measured staleness"). The bounds hold for both. Over two whole suite
+    runs (``PSERVER_ACCURACY_LOG``) the 43 accuracy tests' best errors were 1.56-3.56 %: the
+    free-running and timing-dependent runs (ADPSGD, BMUF, a tree) differ by ±4 images from run
+    to run, and four ended within 2.5 images of the 3 % bound this used to be (one crossed it
+    in CI at 3.11 %), hence 4 %: still a model that learned (chance is 90 %).
     """
     err = dump.group("test")["error"]
     log = os.environ.get("PSERVER_ACCURACY_LOG")

@@ -69,9 +69,9 @@ def test_four_learners_learn_with_a_consistent_dump(tmp_path, overrides):
     train(tmp_path, 7, "protocol.tau=4", *overrides)
     dump = load_dump(tmp_path / "stats.h5")
     assert check_dump(dump) == []
-    # classical block momentum (no Nesterov look-ahead) learns a little slower: its best test
-    # error over 5 runs on 2 cores was 9, 11, 11, 11 and 14 of the 450 images (2.0-3.1 %)
-    assert_learned(dump, best=0.04 if "protocol.nesterov=false" in overrides else 0.03)
+    # classical block momentum (no Nesterov look-ahead): its best test error over 5 runs on 2
+    # cores was 9, 11, 11, 11 and 14 of the 450 images (2.0-3.1 %), within assert_learned's 4 %
+    assert_learned(dump)
     rounds, g = dump.group("rounds"), dump.group("gradients")
     assert np.array_equal(rounds["round"], np.arange(1, len(rounds["round"]) + 1))
     assert np.all(rounds["learners"] == 4) and np.all(rounds["local_steps"] == 16)

@@ -141,5 +141,5 @@ def test_lambda4_resumed_at_its_end_for_more_epochs_learns(tmp_path):
     assert not check_dump(dump), check_dump(dump)
     once(dump, 20)
     # ADPSGD's ring pairs learners in arrival order, so runs differ: this one's best test error
-    # was 3.11 % (14 of the 450 images) once in a suite run, above the 3 % of the other tests
-    assert_learned(dump, best=0.04)
+    # was 3.11 % (14 of the 450 images) once in a suite run (assert_learned allows 4 %)
+    assert_learned(dump)
