@@ -268,16 +268,21 @@ class StallClock:
         self.next = self.start + timeout
         self.suspended = 0.0  # seconds of the wait this process did not run
         self.gap_limit = max(SUSPENDED, timeout / 4)
+        # the end of the last sleep: a stop may land between two sleeps (in a test of the
+        # requests), so a gap is measured from there, not from the sleep's own start
+        self.last = self.start
 
     def sleep(self, seconds: float, what: Callable[[], str] | str = "") -> None:
         """Sleep (or wait: ``sleep`` may be a condition's ``wait``) and account for a gap."""
-        before = self.clock()
         self._sleep(seconds)
-        self.slept(before, seconds, what)
+        self.slept(self.last, seconds, what)
 
     def slept(self, before: float, seconds: float, what: Callable[[], str] | str = "") -> None:
-        """A sleep of ``seconds`` that began at ``before`` has returned."""
-        gap = self.clock() - before - seconds
+        """A sleep of ``seconds`` has returned; ``before``: when the previous one ended (or the
+        wait began), so that the tests between two sleeps count as well."""
+        now = self.clock()
+        self.last = now
+        gap = now - before - seconds
         if gap > self.gap_limit:
             self.suspended += gap
             self.next += gap
