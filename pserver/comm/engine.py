@@ -101,7 +101,4 @@ class CommEngine:
                 stall.sleep(min(STALL_PACE, w.stall_timeout), what)
                 w.check_peers(what, time.monotonic())
                 if stall.due():
-                    w.log.warning(
-                        "stalled %.0f s waiting for %s; last received: %s",
-                        stall.stalled(), what, w.peers.report(),
-                    )  # fmt: skip
+                    w.report_stall(stall.stalled(), what)

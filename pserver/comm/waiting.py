@@ -336,6 +336,13 @@ class Waiter:
         if self.peers.dead():
             raise self.peers.lost(what() if callable(what) else what)
 
+    def report_stall(self, seconds: float, what: Callable[[], str] | str) -> None:
+        """The stall report of every wait: for how long, what for, what came last from whom."""
+        text = what() if callable(what) else what
+        self.log.warning(
+            "stalled %.0f s waiting for %s; last received: %s", seconds, text, self.peers.report()
+        )
+
     def until(
         self, done: Callable[[], bool], what: Callable[[], str] | str, tight: float = 0.0
     ) -> None:
@@ -356,13 +363,7 @@ class Waiter:
                 now = time.monotonic()
                 self.check_peers(what, now)
                 if stall.due(now):
-                    text = what() if callable(what) else what
-                    self.log.warning(
-                        "stalled %.0f s waiting for %s; last received: %s",
-                        stall.stalled(now),
-                        text,
-                        self.peers.report(),
-                    )
+                    self.report_stall(stall.stalled(now), what)
         finally:
             self.waited += time.monotonic() - start
 
