@@ -368,11 +368,8 @@ def _ps_pipeline(ctx: Any, state: State, where: str) -> None:
 
 def _lockstep_model(ctx: Any, state: State, where: str, extra: tuple[str, ...] = ()) -> None:
     """SYNC's learner: its model and optimizer state (``pserver.ckpt.drivers.lockstep``)."""
-    from pserver.optim.rules import make_updater
-
     dtype = np_dtype(ctx)
-    rule = make_updater(ctx.cfg.optim, 1, np, dtype).state_arrays()
-    for name in ["w", *(f"opt.{k}" for k in rule), *extra]:
+    for name in ["w", *(f"opt.{k}" for k in rule_arrays(ctx)), *extra]:
         expect(state, f"exchange.{name}", (ctx.model.n_params,), dtype, where)
 
 
@@ -383,15 +380,19 @@ def _lockstep_delayed(ctx: Any, state: State, where: str) -> None:
 
 def _gossip(ctx: Any, state: State, where: str) -> None:
     """ADPSGD's learner: model, optimizer state, clocks (``pserver.ckpt.records.gossip``)."""
-    from pserver.optim.rules import make_updater
-
-    dtype = np_dtype(ctx)
-    rule = list(make_updater(ctx.cfg.optim, 1, np, dtype).state_arrays())
-    check_learner(state, ctx.model.n_params, dtype, rule, len(ctx.layout.learners), where)
+    check_learner(state, ctx.model.n_params, np_dtype(ctx), rule_arrays(ctx),
+                  len(ctx.layout.learners), where)  # fmt: skip
 
 
 def np_dtype(ctx: Any) -> np.dtype:
     return np.dtype(ctx.model.dtype)
+
+
+def rule_arrays(ctx: Any) -> list[str]:
+    """The names of the update rule's state arrays (momentum's velocity, …) for this run."""
+    from pserver.optim.rules import make_updater
+
+    return list(make_updater(ctx.cfg.optim, 1, np, np_dtype(ctx)).state_arrays())
 
 
 #: learner exchange -> the check of the record it saves: a strategy with one of these exchanges
