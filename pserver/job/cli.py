@@ -199,6 +199,9 @@ def rank_main(argv: list[str] | None, world) -> int:  # noqa: ANN001 - MPI.Comm
         return 1  # not reached
     code, speaks, suffix = outcome(statuses, rank)
     if code:
+        from pserver.runtime.outdir import undo_out_dir
+
+        undo_out_dir()  # the statistics server's check created it: a refused run writes nothing
         if speaks:
             assert error is not None
             message = failure_message(error, rank, size)

@@ -182,7 +182,7 @@ def prepare(
         check_shared_memory(layout, blocks, nodes, model.dtype.itemsize, cfg.comm.versions)
     budget.check_run(data_bytes, run_sizes(cfg, model, dataset), size_keys(cfg))
     if layout.role(rank) is Role.STATS:  # the rank that writes there; last, so that bad input
-        check_out_dir(cfg.run.out_dir, DUMP_NAME, cfg.run.overwrite)  # creates no directory
+        check_out_dir(cfg.run.out_dir, DUMP_NAME, cfg.run.overwrite)  # undone if refused
     peers = peers if peers is not None else PeerLog()
     peers.names = layout.describe
     return Context(
