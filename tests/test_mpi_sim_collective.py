@@ -1,6 +1,7 @@
 """pserver-sim's learners-only strategies against real runs (issue 23), where the real run is
-deterministic: SYNC at λ = 1 and λ = 4 (the steps every learner takes, one σ = 0 row per step
-at versions 0, 1, …, one exchange row per step), ADPSGD refused at λ = 1 by both, and at λ = 4
+deterministic: SYNC and HYBRID at λ = 1 and λ = 4 (the steps every learner takes, one σ row
+per step at versions 0, 1, … — σ = 0 under SYNC, 0 then 1 under HYBRID — one exchange row per
+step), ADPSGD refused at λ = 1 by both, and at λ = 4
 the same end (the run's M minibatches between the learners, one σ row each) and the same ring
 schedule (each sender's partners, each receiver's requests)."""
 
@@ -40,12 +41,17 @@ def by_learner_step(dump, group: str, key: str, *columns: str) -> list[tuple]:  
     return sorted(rows)
 
 
+@pytest.mark.parametrize("strategy", ["sync", "hybrid"])
 @pytest.mark.parametrize("n", [1, 4])
-def test_sync_agrees_exactly(tmp_path, n):
-    real, sim = real_and_simulated(tmp_path, n, ["protocol.name=sync"])
-    assert real.rows("staleness") > 50  # an epoch of the digits: 85 minibatches of 16
-    for dump in (real, sim):
-        assert np.all(dump.group("staleness")["staleness"] == 0)
+def test_lockstep_strategies_agree_exactly(tmp_path, strategy, n):
+    real, sim = real_and_simulated(tmp_path, n, [f"protocol.name={strategy}"])
+    assert real.rows("staleness") > 20  # an epoch of the digits: 85 minibatches of 16
+    for dump in (real, sim):  # IBM Table 1: SYNC 0, HYBRID 1 (0 for g_0, which lands on w0)
+        st = dump.group("staleness")
+        for k in range(n):
+            sigma = st["staleness"][st["learner"] == k]
+            late = 0 if strategy == "sync" else 1
+            assert list(sigma) == [0] + [late] * (len(sigma) - 1), (k, sigma[:10])
     assert by_learner_step(real, "staleness", "version", "staleness") == \
         by_learner_step(sim, "staleness", "version", "staleness")
     assert by_learner_step(real, "exchanges", "step", "partner", "bytes") == \

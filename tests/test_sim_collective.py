@@ -39,7 +39,7 @@ def sim(tmp_path: Path, *overrides: str, name: str = "run"):  # noqa: ANN201
     return load_dump(simulate(config(tmp_path, *overrides, name=name)).dump)
 
 
-@pytest.mark.parametrize("strategy", ["sync", "adpsgd"])
+@pytest.mark.parametrize("strategy", ["sync", "hybrid", "adpsgd"])
 @pytest.mark.parametrize("n", [2, 5])
 def test_a_simulated_dump_passes_the_checks(tmp_path, strategy, n):
     dump = sim(tmp_path, f"protocol.name={strategy}", f"cluster.learners={n}",
@@ -89,6 +89,18 @@ def test_sync_step_is_the_slowest_learner_plus_the_allreduce(tmp_path):
     fast = train["learner"] != 2  # the others wait for the slow one: 3 × 2 ms + the sum
     assert np.allclose(train["push_time"][fast], 0.006 + reduce)
     assert np.allclose(train["push_time"][~fast], reduce)
+
+
+def test_hybrid_applies_each_gradient_a_step_late(tmp_path):
+    cfg = config(tmp_path, "protocol.name=hybrid", "cluster.learners=3")
+    steps = RunPlan.from_config(cfg, TRAIN, 3).steps
+    dump = load_dump(simulate(cfg).dump)
+    assert list(dump.group("learners")["minibatches"]) == [steps] * 3
+    st = dump.group("staleness")
+    for k in range(3):  # g_k computed on version k - 1 (g_0 on w0), applied as update k
+        mine = st["learner"] == k
+        assert list(st["version"][mine]) == [0, *range(steps - 1)]
+        assert list(st["staleness"][mine]) == [0] + [1] * (steps - 1)
 
 
 def test_allreduce_time_counts_mpichs_messages(tmp_path):

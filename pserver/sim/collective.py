@@ -167,3 +167,114 @@ class SyncRun:
                           push_time=self.push_time[k],
                           overlap=self.compute_time[k] / max(busy, 1e-12), relayed_bytes=0,
                           cpu_time=self.compute_time[k], run_time=end)  # fmt: skip
+
+
+class HybridRun(SyncRun):
+    """HYBRID (IBM §3; the real exchange ``pserver.roles.hybrid``): SYNC's allreduce, one step
+    late. Learner i's step k computes g_k, then waits for the allreduce of g_{k-1} (in flight
+    while g_k was computed), applies it (σ from its ``ModelVersion``: g_k was computed before
+    it landed, so σ = 1 but for g_0) and joins the allreduce of g_k; after its last step it
+    lands the last one (``HybridExchange.done``). Allreduce k completes ``allreduce_time``
+    after the last learner joined it."""
+
+    def __init__(self, loop: Any, cfg: Config, costs: Costs, rows: Rows, n: int,
+                 train_size: int) -> None:  # fmt: skip
+        super().__init__(loop, cfg, costs, rows, n, train_size)
+        self.steps_of = [0] * n  # each learner's next step
+        self.flight_version = [0] * n  # the version its gradient in flight was computed on
+        self.ended: dict[int, float] = {}  # allreduce k -> when it completed
+        self.held: dict[int, list[tuple[int, int]]] = {}  # allreduce k -> (learner, computed_at)
+        self.join_count: dict[int, int] = {}
+
+    @property
+    def updates(self) -> int:
+        return self.versions[0].value if self.versions else 0
+
+    def start(self) -> None:
+        now = self.loop.now
+        for k in range(self.n):
+            self.feed.open(k, now)
+        for k in range(self.n):
+            self.begin(k)
+
+    def begin(self, k: int) -> None:
+        step = self.steps_of[k]
+        if step >= self.plan.steps:  # HybridExchange.done: the last gradient lands
+            self.done_at[k] = self.loop.now
+            self.after_landing(k, step - 1, None)
+            return
+        now = self.loop.now
+        ready, ok = self.feed.take(k)
+        if not ok:
+            raise RuntimeError(f"learner {k}: the data server stopped before step {step}")
+        begin = max(now, ready)
+        self.fetch[k] = begin - now
+        self.compute_now[k] = self.costs.compute(k, step)
+        self.loop.after(self.fetch[k] + self.compute_now[k], self.computed, k)
+
+    def computed(self, k: int) -> None:
+        now = self.loop.now
+        self.done_at[k] = now
+        self.feed.release(k, now)
+        step = self.steps_of[k]
+        computed_at = self.versions[k].value  # before the previous average lands
+        if step == 0:
+            self.joined_allreduce(k, step, computed_at, 0.0)
+        else:
+            self.after_landing(k, step - 1, computed_at)
+
+    def after_landing(self, k: int, prev: int, computed_at: int | None) -> None:
+        """Wait for allreduce ``prev`` (if not in), land it, then go on."""
+        if prev < 0:
+            self.finish(k)
+            return
+        if prev in self.ended:
+            self.land(k, prev, computed_at)
+        else:
+            self.held.setdefault(prev, []).append((k, -1 if computed_at is None else computed_at))
+
+    def land(self, k: int, prev: int, computed_at: int | None) -> None:
+        now = self.loop.now
+        waited = now - self.done_at[k]
+        v = self.versions[k]
+        flight = self.flight_version[k]
+        sigma = v.applied(flight)
+        self.exchanges.append((k, prev, -1, -1, -1, self.costs.nbytes, waited, now))
+        self.sigmas.append((k, k, flight, sigma, now))
+        for t in (self.exchanges, self.sigmas):
+            self.rows.check(t)
+        if computed_at is None:  # the last landing, after the last step
+            self.finish(k)
+            return
+        self.joined_allreduce(k, self.steps_of[k], computed_at, waited)
+
+    def joined_allreduce(self, k: int, step: int, computed_at: int, waited: float) -> None:
+        now = self.loop.now
+        self.flight_version[k] = computed_at
+        count = self.join_count.get(step, 0) + 1
+        self.join_count[step] = count
+        if count == self.n:
+            del self.join_count[step]
+            self.loop.after(self.reduce, self.reduced_step, step)
+        c = self.compute_now[k]
+        self.compute_time[k] += c
+        self.wait_time[k] += self.fetch[k] + waited
+        self.push_time[k] += waited
+        self.minibatches[k] += 1
+        self.train.append((k, step, now, NAN, NAN, c, self.fetch[k] + waited, 0.0, waited,
+                           0.0, 0))  # fmt: skip
+        self.rows.check(self.train)
+        freeze = 0.0
+        if k == self.freeze_learner:  # inject.freeze_*: after the exchange, as the trainer
+            freeze = self.costs.plan.freeze_for(k, step)
+        self.steps_of[k] += 1
+        self.loop.after(freeze + self.costs.sim.step_overhead, self.begin, k)
+
+    def reduced_step(self, step: int) -> None:
+        self.ended[step] = self.loop.now
+        self.ended.pop(step - 2, None)  # no learner waits for it any more
+        for k, computed_at in self.held.pop(step, []):
+            self.land(k, step, None if computed_at < 0 else computed_at)
+
+    def finish(self, k: int) -> None:
+        self.finished_at[k] = self.loop.now

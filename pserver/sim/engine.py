@@ -27,7 +27,7 @@ from pserver.plan.config import Config, inject_plan, pull_timestamp
 from pserver.protocols.partial_pull import PullRule
 from pserver.runtime.outdir import check_out_dir
 from pserver.runtime.rundir import DUMP_NAME, expand, point_latest, run_id
-from pserver.sim.collective import SyncRun
+from pserver.sim.collective import HybridRun, SyncRun
 from pserver.sim.costs import Costs
 from pserver.sim.gossip import GossipRun
 from pserver.sim.learner import DataServer, SimLearner
@@ -38,7 +38,7 @@ from pserver.strategies import lookup
 
 #: the learners-only strategies a simulation runs, by name: their run (pserver.sim.collective,
 #: pserver.sim.gossip): ``Run(loop, cfg, costs, rows, λ, train_size)``, ``start``, ``end_rows``
-LEARNERS_ONLY: dict[str, Any] = {"sync": SyncRun, "adpsgd": GossipRun}
+LEARNERS_ONLY: dict[str, Any] = {"sync": SyncRun, "hybrid": HybridRun, "adpsgd": GossipRun}
 #: the strategies a simulation runs (docs/simulation.md); the others are refused at start
 SIMULATED = ("hardsync", "softsync", "async", "psp", "ssp", *LEARNERS_ONLY)
 MAX_LEARNERS = 100_000
