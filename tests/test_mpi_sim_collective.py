@@ -92,3 +92,27 @@ def test_adpsgd_ends_and_follows_the_ring_as_a_real_run(tmp_path):
         for j in (1, 3):  # receivers: one row per request of their senders
             asked = sum(1 for i in (0, 2) for k in range(steps[i]) if ring.partner(i, k) == j)
             assert int(np.sum(ex["learner"] == j)) == asked
+
+
+@pytest.mark.parametrize("strategy", ["bmuf", "ma"])
+@pytest.mark.parametrize("n", [1, 4])
+def test_local_step_strategies_agree_exactly(tmp_path, strategy, n):
+    """BMUF and MA (τ local steps, then the shards' block round): the rounds, their vector
+    clocks and learning rates, the models pushed (σ = 0), the blocks' totals and each learner's
+    minibatches are the real run's."""
+    common = [f"cluster.learners={n}", "run.epochs=2", f"protocol.name={strategy}"]
+    train(tmp_path / "real", n + 3, *common, timeout=300)
+    simulate(load_config(str(QUICKSTART), [f"run.out_dir={tmp_path / 'sim'}", *common]))
+    real, sim = (load_dump(tmp_path / d / "stats.h5") for d in ("real", "sim"))
+    assert real.rows("updates") >= 5
+    for group, cols in (("updates", ("timestamp", "n_gradients", "mean_staleness", "lr",
+                                     "vector_clock")),
+                        ("blocks", ("timestamp", "applied", "dropped"))):
+        for c in cols:
+            a, b = real.group(group)[c], sim.group(group)[c]
+            assert np.array_equal(a, b), (group, c, a[:8], b[:8])
+    assert by_learner_step(real, "gradients", "timestamp", "staleness", "update") == \
+        by_learner_step(sim, "gradients", "timestamp", "staleness", "update")
+    assert by_learner_step(real, "learners", "minibatches", "samples") == \
+        by_learner_step(sim, "learners", "minibatches", "samples")
+    assert by_learner_step(real, "train", "step") == by_learner_step(sim, "train", "step")

@@ -186,3 +186,17 @@ def test_the_feed_ends_sync_at_the_plan_even_with_prefetch(tmp_path):
     s = math.ceil(m / 7)
     dump = load_dump(simulate(cfg).dump)
     assert list(dump.group("learners")["minibatches"]) == [s] * 7
+
+
+@pytest.mark.parametrize("strategy", ["bmuf", "ma"])
+def test_local_step_strategies_push_once_per_block(tmp_path, strategy):
+    """BMUF and MA: a learner pushes its model once per τ minibatches (σ = 0: every block
+    starts from the global model), the shard's rounds take one model of every learner."""
+    dump = sim(tmp_path, f"protocol.name={strategy}", "protocol.tau=4")
+    assert check_dump(dump) == []
+    g, learners = dump.group("gradients"), dump.group("learners")
+    assert np.all(g["staleness"] == 0)
+    for k, mb in zip(learners["learner"], learners["minibatches"], strict=True):
+        assert int(np.sum(g["learner"] == k)) == mb // 4
+    up = dump.group("updates")
+    assert np.all(up["n_gradients"] == 4)

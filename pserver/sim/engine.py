@@ -31,6 +31,7 @@ from pserver.sim.collective import HybridRun, SyncRun
 from pserver.sim.costs import Costs
 from pserver.sim.gossip import GossipRun
 from pserver.sim.learner import DataServer, SimLearner
+from pserver.sim.local_steps import LocalStepsLearner
 from pserver.sim.loop import make_loop
 from pserver.sim.rows import Rows
 from pserver.sim.shard import SimShard
@@ -40,7 +41,8 @@ from pserver.strategies import lookup
 #: pserver.sim.gossip): ``Run(loop, cfg, costs, rows, λ, train_size)``, ``start``, ``end_rows``
 LEARNERS_ONLY: dict[str, Any] = {"sync": SyncRun, "hybrid": HybridRun, "adpsgd": GossipRun}
 #: the strategies a simulation runs (docs/simulation.md); the others are refused at start
-SIMULATED = ("hardsync", "softsync", "async", "psp", "ssp", *LEARNERS_ONLY)
+SIMULATED = ("hardsync", "softsync", "async", "psp", "ssp", "bmuf", "ma", *LEARNERS_ONLY)
+LOCAL_STEPS = ("bmuf", "ma")  # τ local steps per push (pserver.sim.local_steps)
 MAX_LEARNERS = 100_000
 
 
@@ -156,9 +158,12 @@ def run_shard(loop: Any, cfg: Config, costs: Costs, rows: Rows, n: int, train_si
     data = DataServer(cfg.sim.data_time)
     rule, waits = pull_timestamp(cfg), lookup(cfg.protocol.name).waits_for_update
     p = cfg.protocol
+    kind, extra = SimLearner, {}
+    if p.name in LOCAL_STEPS:
+        kind, extra = LocalStepsLearner, {"tau": p.tau}
     shard.learners = [
-        SimLearner(k, loop, costs, rows, shard, data, PullRule(rule, waits),
-                   p.pull_fraction, p.tau2)
+        kind(k, loop, costs, rows, shard, data, PullRule(rule, waits), p.pull_fraction, p.tau2,
+             **extra)
         for k in range(n)
     ]  # fmt: skip
     for learner in shard.learners:
