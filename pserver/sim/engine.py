@@ -1,7 +1,9 @@
 """Build a simulated run from a config, run it on an event loop, write its dump.
 
 ``simulate(cfg)`` is the whole of ``pserver-sim CONFIG``: λ = ``cluster.learners``, one shard
-(``pserver.sim.shard``), λ blocking learners (``pserver.sim.learner``), the cost model of
+(``pserver.sim.shard``), λ blocking learners (``pserver.sim.learner``; BMUF's and MA's
+``pserver.sim.local_steps``) — or, for the learners-only strategies, their run
+(``pserver.sim.collective``: SYNC, HYBRID; ``pserver.sim.gossip``: ADPSGD) — the cost model of
 ``[sim]`` and ``[inject]`` (``pserver.sim.costs``), and the dump in ``run.out_dir`` with the
 real run's schema and a ``simulated`` root attribute. What is simulated and what is refused:
 :func:`check_supported` and docs/simulation.md.
