@@ -151,10 +151,12 @@ class GossipLearner:
 
     def serve_next(self) -> None:
         run = self.run
-        sender, hdr, started = self.queue.popleft()
+        sender, hdr, _sent = self.queue.popleft()
         self.serving = True
         answer = (self.book.clock.own, list(self.book.clock.steps))  # before the average
-        self.mix(sender, hdr, run.loop.now - started)
+        # the real receiver times its row from finding the request to the model's arrival:
+        # both come together here (the queue wait before it was free is not in the row)
+        self.mix(sender, hdr, 0.0)
         run.loop.after(run.service, self.answer, sender, answer)
 
     def answer(self, sender: int, answer: Header) -> None:
