@@ -161,7 +161,7 @@ class GossipLedger:
     (``pserver.roles.gossip``) and the simulated one (``pserver.sim.gossip``) both keep their
     books here, so the dump's σ and ``exchanges`` rows follow one rule.
 
-    σ (docs/stats.md, *Staleness σ*; "One σ for every family", DESIGN.md): the model's
+    σ (docs/stats.md, *Staleness σ*: one definition for every family): the model's
     **version** counts the updates applied to it, local steps and averages; a gradient's σ is
     the version at its update minus the version it was computed on, i.e. the averages mixed in
     meanwhile (no local step can fall between: only the learner's own thread applies them).
