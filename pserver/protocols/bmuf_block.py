@@ -21,6 +21,7 @@ from pserver.protocols import make_protocol
 from pserver.protocols.base import Protocol, UpdateDecision
 from pserver.protocols.epochs import EpochCounter
 from pserver.protocols.shard_block import Applied, ShardBlock
+from pserver.strategies.base import BLOCK_MOMENTUM
 from pserver.strategies.bmuf import AUTO
 
 if TYPE_CHECKING:
@@ -93,3 +94,7 @@ class BlockMomentumShard(ShardBlock):
         """Resumed (``pserver.ckpt.records.shard.restore_block``: W(t) and Δ(t) are in): the first
         version pulls read becomes W_g(t), eq. 5 or 6, instead of w0."""
         self.serve(self.first_served)
+
+
+#: ``Strategy.shard_block`` -> the block's arithmetic (the real shard's and the simulated one's).
+SHARD_BLOCKS: dict[str, type[ShardBlock]] = {"": ShardBlock, BLOCK_MOMENTUM: BlockMomentumShard}

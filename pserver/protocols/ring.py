@@ -154,6 +154,59 @@ class VectorClock:
         self.steps = [max(a, int(b)) for a, b in zip(self.steps, other, strict=True)]
 
 
+class GossipLedger:
+    """One learner's gossip bookkeeping (pure): its vector clock, the averages mixed into its
+    model, the version of the model its next gradient is computed on, the sender's exchange
+    index, and the staleness σ of each gradient it applies. The real exchange
+    (``pserver.roles.gossip``) and the simulated one (``pserver.sim.gossip``) both keep their
+    books here, so the dump's σ and ``exchanges`` rows follow one rule.
+
+    σ (docs/stats.md, *Staleness σ*: one definition for every family): the model's
+    **version** counts the updates applied to it, local steps and averages; a gradient's σ is
+    the version at its update minus the version it was computed on, i.e. the averages mixed in
+    meanwhile (no local step can fall between: only the learner's own thread applies them).
+    IBM §3, Table 1: "at best 1"."""
+
+    def __init__(self, ring: Ring, me: int) -> None:
+        self.ring, self.me = ring, me
+        self.role = ring.role(me)
+        self.clock = VectorClock(ring.size, me)
+        self.exchanged = 0  # averages mixed into the model
+        self.snap_version = 0  # version() of the model the next gradient is computed on
+        self.k = 0  # a sender's exchanges started (its partner alternates with it)
+
+    def version(self) -> int:
+        """The version of the model: the updates applied to it so far."""
+        return self.clock.own + self.exchanged
+
+    def snapshot(self) -> None:
+        """The next gradient is computed on the model as it is now."""
+        self.snap_version = self.version()
+
+    def gradient(self) -> tuple[int, int]:
+        """(version it was computed on, σ) of the gradient about to be applied."""
+        return self.snap_version, self.version() - self.snap_version
+
+    def stepped(self) -> int | None:
+        """The local update is applied: one more step; the partner a sender now exchanges
+        with (``Ring.partner``), None for a receiver."""
+        self.clock.tick()
+        if self.role != SENDER:
+            return None
+        partner = self.ring.partner(self.me, self.k)
+        self.k += 1
+        return partner
+
+    def mixed(self, partner_step: int, partner_clock: Sequence[int]) -> tuple[int, int]:
+        """A neighbour's model (of its step ``partner_step``, with its clock) is averaged into
+        ours: (our step, the neighbour model's age), then the clock merges and the version
+        grows by one."""
+        step = self.clock.own
+        self.clock.merge(partner_clock)
+        self.exchanged += 1
+        return step, age(step, partner_step)
+
+
 def age(own_step: int, partner_step: int) -> int:
     """Age in steps of a neighbour's model averaged with ours: how many steps fewer than ours
     it had taken; 0 when it had taken as many or more (σ ≥ 0, as the shards' staleness)."""

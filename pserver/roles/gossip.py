@@ -47,9 +47,9 @@ from pserver.protocols.ring import (
     SENDER,
     Goodbyes,
     GossipError,
+    GossipLedger,
     Ring,
     VectorClock,
-    age,
     average,
 )  # fmt: skip
 
@@ -88,19 +88,16 @@ class Gossip:
         # CUDA's current device is per thread: each thread that runs progress() (staging
         # copies, averages) makes this rank's device current once (Backend.activate)
         self.activate, self.activated = activate, threading.local()
-        self.clock = VectorClock(n, self.me)
+        self.book = GossipLedger(self.ring, self.me)  # clock, version, σ, exchange index
         self.engine = CommEngine(self.progress, waiter, threaded)
         self.lock: threading.Condition = self.engine.lock
         self.nbytes = int(w.nbytes)
         self.rows: list[dict[str, Any]] = []  # ``exchanges`` rows, taken by the main thread
-        self.exchanged = 0
         self.sigma_rows: list[dict[str, Any]] = []  # ``staleness`` rows (main thread only)
-        self.snap_version = 0  # version() of the model the next gradient is computed on
         # header buffers: [kind, step, clock...]
         self.hdr_out = np.zeros(2 + n, dtype=np.int64)
         self.hdr_in = np.zeros(2 + n, dtype=np.int64)
         # a sender's exchange in flight: partner, requests, start time
-        self.k = 0
         self.pending: tuple[int, list[MPI.Request], float] | None = None
         self.byes: list[MPI.Request] = []
         # a receiver's request being served
@@ -110,6 +107,31 @@ class Gossip:
         if start:  # else the owner starts it once it has restored a checkpoint's state
             self.engine.start()
 
+    # the book's state under the names the checkpoint drivers use (pserver.ckpt.drivers.gossip)
+    @property
+    def clock(self) -> VectorClock:
+        return self.book.clock
+
+    @property
+    def k(self) -> int:
+        return self.book.k
+
+    @k.setter
+    def k(self, value: int) -> None:
+        self.book.k = value
+
+    @property
+    def exchanged(self) -> int:
+        return self.book.exchanged
+
+    @exchanged.setter
+    def exchanged(self, value: int) -> None:
+        self.book.exchanged = value
+
+    @property
+    def snap_version(self) -> int:
+        return self.book.snap_version
+
     # -- the main thread -----------------------------------------------------------------------
 
     def snapshot(self) -> Any:
@@ -118,32 +140,31 @@ class Gossip:
             if not self.engine.threaded:
                 self.progress()  # a receiver without a thread answers at its step boundaries
             self.xp.copyto(self.snap, self.w)
-            self.snap_version = self.version()
+            self.book.snapshot()
         return self.snap
 
     def version(self) -> int:
         """The version of ``w``: the updates applied to it so far, local steps and averages
         (docs/stats.md, *Staleness σ*; under the lock)."""
-        return self.clock.own + self.exchanged
+        return self.book.version()
 
     def update(self, g: Any) -> float:
         """Apply ``g`` to ``w`` (after the previous exchange completed, for a sender), then a
         sender starts its next exchange. Returns the seconds blocked on the previous one."""
         waited = self.wait_exchange()
         with self.lock:
-            # σ of this gradient: the averages mixed into w since its snapshot (no local step
-            # can fall between: only this thread applies them). IBM §3, Table 1: "at best 1".
+            # σ of this gradient: the averages mixed into w since its snapshot (GossipLedger)
+            version, sigma = self.book.gradient()
             self.sigma_rows.append(
                 dict(
-                    learner=self.me, owner=self.me, version=self.snap_version,
-                    staleness=self.version() - self.snap_version, time=self.now(),
+                    learner=self.me, owner=self.me, version=version, staleness=sigma,
+                    time=self.now(),
                 )
             )  # fmt: skip
             self.apply(self.w, g, self.clock.own)
-            self.clock.tick()
-            if self.role == SENDER:
-                self.start(self.ring.partner(self.me, self.k))
-                self.k += 1
+            partner = self.book.stepped()
+            if partner is not None:  # a sender: exchange with the schedule's neighbour
+                self.start(partner)
         return waited
 
     def wait_exchange(self) -> float:
@@ -277,20 +298,19 @@ class Gossip:
     def mixed(self, partner: int, hdr: np.ndarray, started: float) -> None:
         """Bookkeeping of one average: the ``exchanges`` row and the vector clock."""
         partner_step = int(hdr[1])
+        step, partner_age = self.book.mixed(partner_step, hdr[2:])
         self.rows.append(  # docs/stats.md, exchanges/
             dict(
                 learner=self.me,
-                step=self.clock.own,
+                step=step,
                 partner=partner,
-                partner_age=age(self.clock.own, partner_step),
+                partner_age=partner_age,
                 partner_step=partner_step,
                 bytes=self.nbytes,
                 wait_time=time.perf_counter() - started,
                 time=self.now(),
             )
         )
-        self.clock.merge(hdr[2:])
-        self.exchanged += 1
         self.waiter.peers.note(self.world_rank[partner], f"its model of step {partner_step}")
 
     def take_rows(self) -> list[dict[str, Any]]:

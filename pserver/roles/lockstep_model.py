@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from pserver.optim.local_update import LocalUpdate
-from pserver.protocols.lockstep import RunPlan
+from pserver.protocols.lockstep import ModelVersion, RunPlan
 from pserver.roles.drift import Drift
 from pserver.roles.model_report import ModelReport
 from pserver.runtime.context import Context
@@ -32,9 +32,17 @@ class LockstepModel:
         self.update = LocalUpdate(ctx.cfg.optim, weights.size, ctx.xp, weights.dtype)
         self.report = ModelReport(ctx, weights.dtype)
         self.drift = Drift(comm, ctx.backend, self.waiter, weights.size, weights.dtype)
-        self.version = 0  # averaged gradients applied so far (the model's timestamp)
+        self.versions = ModelVersion()  # averaged gradients applied so far (its timestamp)
         self.records: Any = None  # the trainer's RecordBuffer (``attach``)
         self.nbytes = weights.size * weights.dtype.itemsize
+
+    @property
+    def version(self) -> int:
+        return self.versions.value
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.versions.value = value
 
     @property
     def steps(self) -> int:
@@ -47,9 +55,8 @@ class LockstepModel:
         ``staleness`` rows."""
         # σ (docs/stats.md, *Staleness σ*): averaged updates applied since the version this
         # learner's gradient was computed on — SYNC 0, HYBRID 1 (IBM Table 1), measured here
-        sigma = self.version - computed_at
+        sigma = self.versions.applied(computed_at)
         self.update.step(self.w, g_sum, self.plan.epoch(step), divisor=float(self.n_learners))
-        self.version += 1
         self.row(step, computed_at, sigma, waited)
         ends = self.plan.ends(step)
         for epoch in ends.ended:  # the same step on every learner: the drift is collective
