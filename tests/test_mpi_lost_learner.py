@@ -56,7 +56,7 @@ def detection(output: str) -> float:
 
 
 @needs_ulfm
-@pytest.mark.parametrize("protocol", ["async", "hardsync", "softsync", "psp", "ssp"])
+@pytest.mark.parametrize("protocol", ["async", "hardsync", "softsync", "psp", "ssp", "bmuf", "ma"])
 def test_a_killed_learner_is_lost_and_the_run_finishes_with_three(tmp_path, protocol):
     run = tmp_path / "run"
     extra = ["protocol.n=2"] if protocol == "softsync" else []
