@@ -112,6 +112,7 @@ class Regroup:
         before = m.n_learners
         m.comm, m.n_learners = new, new.Get_size()
         m.drift.comm = new
+        m.report.sends = new.Get_rank() == 0  # the first learner left reports the model
         self.allreduce.rebind(new)
         names = ", ".join(self.ctx.peers.name(r) for r in lost) if lost else "a learner"
         took = f"took the others' sum of step {lo}, then " if applied < hi else ""
