@@ -21,6 +21,7 @@ import subprocess
 import sys
 from datetime import datetime
 
+import numpy as np
 import pytest
 from mpirun import QUICKSTART, ROOT, assert_learned, run_job
 
@@ -114,3 +115,24 @@ def test_a_run_that_cannot_survive_ends_promptly_naming_the_learner(tmp_path):
     # the job may end before the statistics server's first flush made the dump (1 of 5 here)
     dump = tmp_path / "run" / "stats.h5"
     assert not dump.exists() or "finished" not in load_dump(dump).attrs
+
+
+@needs_ulfm
+@pytest.mark.parametrize("protocol", ["sync", "hybrid"])
+def test_losing_learner_0_the_next_learner_reports_the_model(tmp_path, protocol):
+    """Learner 0 sends the model the statistics server tests; after its loss the first
+    learner left does (the dump's tests and ``model/weights`` are complete)."""
+    run = tmp_path / "run"
+    res = run_job(6, [str(QUICKSTART), f"run.out_dir={run}", f"protocol.name={protocol}",
+                      "inject.fail_learner=0", "inject.fail_step=30", "inject.fail_kill=true"],
+                  timeout=240, flags=ULFM)  # fmt: skip
+    assert "aborting the job" not in res.output, res.output
+    dump = load_dump(run / "stats.h5")
+    assert "finished" in dump.attrs, res.output
+    assert check_dump(dump) == [], res.output
+    assert dump.group("learners_lost")["learner"].tolist() == [0]
+    tested = dump.group("test")["epoch"].tolist()
+    skipped = dump.group("skipped_tests").get("epoch", np.empty(0)).tolist()
+    assert sorted(tested + skipped) == list(range(1, 21))  # every epoch's model was sent
+    assert tested[-1] == 20  # and the final one tested
+    assert_learned(dump)
