@@ -11,6 +11,9 @@ error of the three runs.
     .venv-openmpi/bin/python scripts/bench_lost_learner.py [--protocols async hardsync]
         [--step 100] [--period 0.3] [--timeout 1.0]
 
+Every strategy that survives a lost learner can be named: the parameter-server family, BMUF
+and MA (one shard: 7 ranks for λ = 4) and the learners-only SYNC and HYBRID (6 ranks).
+
 Run it with the Open MPI environment's Python: the launcher is the ``mpiexec`` beside it.
 """
 
@@ -39,6 +42,14 @@ def job(out: Path, n: int, protocol: str, extra: list[str], ulfm: list[str]) -> 
     if res.reason or not (out / "stats.h5").exists():
         raise SystemExit(f"{' '.join(cmd)}: {res.reason or 'no dump'}\n{res.output[-3000:]}")
     return res.output
+
+
+def ranks(protocol: str, learners: int) -> int:
+    """The world size for ``learners`` learners: statistics and data servers, one shard unless
+    the strategy runs learners only."""
+    from pserver.strategies import lookup
+
+    return 2 + learners + (1 if lookup(protocol).ranks.servers else 0)
 
 
 def stamp(line: str) -> datetime:
@@ -90,9 +101,9 @@ def main() -> None:
     with TemporaryDirectory() as tmp:
         for proto in a.protocols:
             out = Path(tmp) / proto
-            text = job(out / "lost", 7, proto, kill, ulfm)
-            job(out / "four", 7, proto, [], ulfm)
-            job(out / "three", 6, proto, ["cluster.learners=3"], ulfm)
+            text = job(out / "lost", ranks(proto, 4), proto, kill, ulfm)
+            job(out / "four", ranks(proto, 4), proto, [], ulfm)
+            job(out / "three", ranks(proto, 3), proto, ["cluster.learners=3"], ulfm)
             before, after = rates(out / "lost")
             errors = [final_error(out / r) for r in ("lost", "four", "three")]
             speeds = [throughput(out / r) for r in ("four", "three")]

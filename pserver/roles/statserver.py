@@ -136,9 +136,16 @@ class StatsServer:
                 continue
             tag = status.Get_tag()
             handler = self.handlers.get(tag)  # type: ignore[call-overload]
+            if tag == Tag.MODEL and self.from_lost(status.Get_source()):
+                self.drop(msg, status)  # half a snapshot of a dead learner (issue 22)
+                continue
             if handler is None:
                 raise WireError(f"stats server got unknown tag {tag} from {status.Get_source()}")
-            handler(msg, status)
+            try:
+                handler(msg, status)
+            except MPI.Exception as e:  # the sender died with its message half sent (ULFM)?
+                self.lost_in_transit(e, status.Get_source())
+                continue
             self.writer.maybe_flush()
         self.losses.write(self.writer)
         self.skip_untested()
@@ -195,6 +202,29 @@ class StatsServer:
         print(f"pserver-run: error: {exc}; ending the run", file=sys.stderr, flush=True)
         wait_until_read(sys.stderr)
         MPI.COMM_WORLD.Abort(3)
+
+    def from_lost(self, source: int) -> bool:
+        d = self.ctx.peers.departures
+        return d is not None and d.is_lost(source)
+
+    def drop(self, msg: MPI.Message, status: MPI.Status) -> None:
+        """Receive and forget a message of a lost learner: a model snapshot is a header and
+        its body on one tag, and either may be left without the other by the death (the
+        first learner left sends the model from then on, ``pserver.roles.allreduce``)."""
+        data = bytearray(status.Get_count(MPI.BYTE))
+        try:
+            msg.Recv([data, MPI.BYTE])
+        except MPI.Exception as e:
+            self.lost_in_transit(e, status.Get_source())
+
+    def lost_in_transit(self, error: Exception, source: int) -> None:
+        """A message whose sender was a learner that died before it was all sent (issue 22):
+        dropped, as the rest of its unsent rows are; any other MPI error ends the job."""
+        d, peers = self.ctx.peers.departures, self.ctx.peers
+        if not peers.absorb(error, self.ctx.log) or d is None or not d.is_lost(source):
+            raise peers.lost(f"a report from rank {source}", error) from error
+        self.ctx.log.info("a report from %s lost with it", peers.name(source))
+        self.losses.take(self.live)
 
     def on_records(self, msg: MPI.Message, status: MPI.Status) -> None:
         source = status.Get_source()
