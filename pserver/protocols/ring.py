@@ -195,6 +195,20 @@ class VectorClock:
         self.steps = [max(a, int(b)) for a, b in zip(self.steps, other, strict=True)]
 
 
+def averages_again(
+    completed: Sequence[int], inflight: int | None, due: Iterable[int], common: int
+) -> tuple[list[int], list[int]]:
+    """After a loss, where one learner's epoch averages go on (``pserver.roles.gossip_model``):
+    ``completed`` are the epochs whose average completed here, in order, ``inflight`` the one
+    abandoned, ``due`` those not posted yet, ``common`` how many of the common sequence every
+    survivor completed (their minimum). Returns (completed, due): the first ``common`` kept,
+    every later one averaged again, in the order all survivors post them."""
+    if common > len(completed):
+        raise ValueError(f"{common} epochs completed everywhere but {len(completed)} here")
+    again = list(completed[common:]) + ([inflight] if inflight is not None else []) + list(due)
+    return list(completed[:common]), again
+
+
 def age(own_step: int, partner_step: int) -> int:
     """Age in steps of a neighbour's model averaged with ours: how many steps fewer than ours
     it had taken; 0 when it had taken as many or more (σ ≥ 0, as the shards' staleness)."""

@@ -56,7 +56,7 @@ from pserver.ckpt.records.gossip import minibatches_to, owed
 from pserver.comm.collectives import Allreducer, Handle
 from pserver.protocols.epochs import EpochCounter
 from pserver.protocols.lockstep import total_minibatches
-from pserver.protocols.ring import sum_to_mean
+from pserver.protocols.ring import averages_again, sum_to_mean
 from pserver.roles.model_report import ModelReport
 
 
@@ -150,11 +150,9 @@ class GossipModel:
         """The gossip shrank the learners' communicator to ``comm`` (collective, every
         survivor at this point): agree where the averages go on, rebuild on ``comm``."""
         common = int(comm.allreduce(len(self.completed), op=MPI.MIN))
-        again = self.completed[common:]
-        if self.inflight is not None:
-            again.append(self.inflight[0])
-        self.due = deque(again + list(self.due))
-        self.completed, self.inflight = self.completed[:common], None
+        inflight = self.inflight[0] if self.inflight is not None else None
+        self.completed, again = averages_again(self.completed, inflight, self.due, common)
+        self.due, self.inflight = deque(again), None
         self.base_count, self.base_steps = self.minibatches(self.steps), self.steps
         self.comm, self.lam = comm, comm.Get_size()
         self.red = Allreducer(
