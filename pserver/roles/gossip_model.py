@@ -36,7 +36,8 @@ average in flight fails on every survivor; every wait here ends on the gossip's 
 (broken) as well. At the gossip's repair (:meth:`repaired`, collective over the survivors, in
 the same order everywhere) the survivors agree on how many epochs of the common sequence every
 one of them completed (an allreduce MIN); the epochs after that are averaged again from there,
-in order, over the shrunk communicator and divided by λ′ (learner 0 does not send one twice).
+in order, over the shrunk communicator and divided by λ′ (learner 0 does not send one twice;
+the first survivor reports them when learner 0 was the one lost).
 From then on a step counts λ′ minibatches (:meth:`minibatches`). :meth:`finish` returns False
 when the ring broke under it: the exchange then says its goodbyes in the new ring and calls it
 again. Liveness: as above, on the survivors' communicator; a survivor that is waiting in an
@@ -160,6 +161,8 @@ class GossipModel:
             bucket_mib=self.ctx.cfg.comm.bucket_mib, staging=self.ctx.cfg.comm.staging,
         )  # fmt: skip
         self.cut = CutAgreement(comm, self.waiter)
+        # the first survivor reports (learner 0's successor, when it was the one lost)
+        self.report.sends = comm.Get_rank() == 0
 
     def until(self, done: Callable[[], bool], what: str) -> bool:
         """Wait for ``done()`` or a broken ring; whether it was done (a failure breaks it)."""
