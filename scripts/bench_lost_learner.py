@@ -41,6 +41,14 @@ def job(out: Path, n: int, protocol: str, extra: list[str], ulfm: list[str]) -> 
     return res.output
 
 
+def world(protocol: str, lam: int) -> int:
+    """The ranks of a job with ``lam`` learners: statistics and data servers, one shard unless
+    the strategy runs none (learners only: SYNC, HYBRID, ADPSGD)."""
+    from pserver.strategies import lookup
+
+    return lam + 2 + (1 if lookup(protocol).ranks.servers else 0)
+
+
 def stamp(line: str) -> datetime:
     return datetime.strptime(line[:12], "%H:%M:%S.%f")
 
@@ -90,9 +98,9 @@ def main() -> None:
     with TemporaryDirectory() as tmp:
         for proto in a.protocols:
             out = Path(tmp) / proto
-            text = job(out / "lost", 7, proto, kill, ulfm)
-            job(out / "four", 7, proto, [], ulfm)
-            job(out / "three", 6, proto, ["cluster.learners=3"], ulfm)
+            text = job(out / "lost", world(proto, 4), proto, kill, ulfm)
+            job(out / "four", world(proto, 4), proto, [], ulfm)
+            job(out / "three", world(proto, 3), proto, ["cluster.learners=3"], ulfm)
             before, after = rates(out / "lost")
             errors = [final_error(out / r) for r in ("lost", "four", "three")]
             speeds = [throughput(out / r) for r in ("four", "three")]
