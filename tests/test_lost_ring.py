@@ -121,3 +121,12 @@ def test_the_epoch_averages_go_on_where_every_survivor_completed(
 def test_more_completed_everywhere_than_here_is_a_bug():
     with pytest.raises(ValueError):
         averages_again([1], None, [], 2)
+
+
+def test_adpsgd_survives_a_lost_learner_without_periodic_checkpoints():
+    from pserver.plan.config import load_config
+    from pserver.strategies import survives_lost_learner
+
+    assert survives_lost_learner(load_config(None, ["protocol.name=adpsgd"]))
+    periodic = ["protocol.name=adpsgd", "run.checkpoint_interval=5"]
+    assert not survives_lost_learner(load_config(None, periodic))
