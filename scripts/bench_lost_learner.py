@@ -70,6 +70,8 @@ def rates(run: Path) -> tuple[float, float]:
     t, lost = dump.group("train")["time"], dump.group("learners_lost")
     batch = int(dump.config["data"]["batch_size"])
     seen, start = float(lost["time"][0]), float(dump.group("test")["time"][0])
+    if start >= seen:  # no test before the loss (ADPSGD's first epoch average can come later)
+        start = float(t.min())
     before = t[(t >= start) & (t < seen)]
     after = t[t >= seen]
     return (len(before) * batch / max(before.max() - before.min(), 1e-9),

@@ -21,7 +21,10 @@ has, with probability P, one learner kill itself with SIGKILL at a random early 
 (``inject.fail_kill``), and every job is launched with ``--with-ft ulfm`` and the heartbeat
 detector. Such a run is ``ok`` when its dump is finished and consistent, whatever the launcher
 returned (Open MPI's ``mpiexec`` may report the dead rank's status; docs/launching.md, *Lost
-learners*).
+learners*). ``--adpsgd Q`` makes a fraction Q of the draws ADPSGD runs (learners only, λ = 2–6,
+:func:`draw_adpsgd`), which the kills then hit as well:
+
+    .venv-openmpi/bin/python scripts/soak.py --runs 20 --kill-learners 0.8 --adpsgd 1
 
 Every run is one JSON line in ``OUT/soak.jsonl`` (its overrides, outcome, seconds, problems),
 so a failing draw can be replayed with its printed command. The exit status is 1 if any run
@@ -83,6 +86,27 @@ def draw(rng: random.Random) -> dict[str, Any]:
     if rng.random() < 0.15:
         o.update({"model.kind": "null", "model.size_mib": rng.choice([0.05, 0.5])})
         o.pop("model.hidden")
+    return o
+
+
+def draw_adpsgd(rng: random.Random) -> dict[str, Any]:
+    """One random ADPSGD configuration (learners only: no shard, tree or shared window)."""
+    o: dict[str, Any] = {
+        "protocol.name": "adpsgd",
+        "cluster.learners": rng.randint(2, 6),
+        "run.epochs": rng.choice([1, 2, 3]),
+        "run.seed": rng.randrange(1000),
+        "data.batch_size": rng.choice([16, 32, 64]),
+        "model.hidden": rng.choice([[16], [32], [16, 16]]),
+        "optim.lr_milestones": [],
+        "comm.mode": rng.choice(["blocking", "nonblocking", "thread"]),
+        "comm.stall_timeout": 20.0,
+    }
+    if rng.random() < 0.5:
+        o["inject.compute_time"] = rng.choice([0.0005, 0.002])
+    if rng.random() < 0.3:
+        o["inject.slow_learner"] = rng.randrange(o["cluster.learners"])
+        o["inject.learner_factor"] = rng.choice([2.0, 5.0])
     return o
 
 
@@ -171,6 +195,8 @@ def draw_among(rng: random.Random, protocols: list[str]) -> dict[str, Any]:
     name = rng.choice(protocols)
     if name in FAMILY_DRAWS:
         return draw_family(rng, name)
+    if name == "adpsgd":
+        return draw_adpsgd(rng)
     while (o := draw(rng))["protocol.name"] != name:
         pass
     return o
@@ -210,7 +236,8 @@ def world_size(overrides: dict[str, Any]) -> int | None:
     except PserverError:
         return None
     lam, k = cfg.cluster.learners, cfg.cluster.tree_fanout
-    n = 2 + cfg.cluster.servers + lam + tree_size(lam, k)
+    servers = 0 if cfg.protocol.name == "adpsgd" else cfg.cluster.servers  # learners only
+    n = 2 + servers + lam + tree_size(lam, k)
     try:
         make_layout(n, cfg)
     except PserverError:
@@ -257,15 +284,21 @@ def main(argv: list[str] | None = None) -> int:
                    help="probability of a learner killed mid-run (Open MPI with ULFM)")
     p.add_argument("--protocols", nargs="+", metavar="NAME", default=None,
                    help="draw only these strategies (default: the parameter-server family); "
-                   f"{', '.join(FAMILY_DRAWS)} are drawn here too")
+                   f"{', '.join(FAMILY_DRAWS)} are drawn here too, adpsgd by draw_adpsgd")
+    p.add_argument("--adpsgd", type=float, default=0.0, metavar="Q",
+                   help="fraction of the draws that are ADPSGD runs (draw_adpsgd)")
     args = p.parse_args(argv)
     flags = ULFM if args.kill_learners > 0 else None
     args.out.mkdir(parents=True, exist_ok=True)
     rng, tally, redrawn = random.Random(args.seed), Counter(), 0
     with open(args.out / "soak.jsonl", "w") as log:
         for i in range(args.runs):
-            pick = (lambda: draw_among(rng, args.protocols)) if args.protocols else (
-                lambda: draw(rng))
+            if args.adpsgd > 0 and rng.random() < args.adpsgd:
+                pick = lambda: draw_adpsgd(rng)  # noqa: E731
+            elif args.protocols:
+                pick = lambda: draw_among(rng, args.protocols)  # noqa: E731
+            else:
+                pick = lambda: draw(rng)  # noqa: E731
             while (n := world_size(o := pick())) is None:
                 redrawn += 1
             if args.kill_learners > 0 and rng.random() < args.kill_learners and survives(o):

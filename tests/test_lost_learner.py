@@ -119,16 +119,11 @@ def test_parameter_server_strategies_survive_without_trees_windows_or_pauses(nam
         assert not survives_lost_learner(load_config(None, [f"protocol.name={name}", extra]))
 
 
-@pytest.mark.parametrize("name", ["sync", "hybrid", "bmuf", "ma"])
+@pytest.mark.parametrize("name", ["sync", "hybrid", "bmuf", "ma"])  # adpsgd: test_lost_ring.py
 def test_collective_and_model_averaging_strategies_survive_without_pauses(name):
     assert survives_lost_learner(load_config(None, [f"protocol.name={name}"]))
     paused = load_config(None, [f"protocol.name={name}", "run.checkpoint_interval=5"])
     assert not survives_lost_learner(paused)
-
-
-@pytest.mark.parametrize("name", ["adpsgd"])
-def test_other_strategies_end_the_job_on_a_lost_learner(name):
-    assert not survives_lost_learner(load_config(None, [f"protocol.name={name}"]))
 
 
 # -- SYNC/HYBRID: the survivors' reconciliation after a regroup ------------------------------------
