@@ -67,8 +67,9 @@ class BlockMomentumShard(ShardBlock):
         rule = BlockMomentum(flt, w.size, xp, w.dtype)
         return cls(w, make_protocol(cfg, n_learners), rule, cfg.optim, epochs, xp)
 
-    def apply(self, decision: UpdateDecision, into: Any = None) -> Applied:
-        """W̄(t) = the mean local model, then eqs. (2)–(4) on W; W_g(t) into ``into``."""
+    def apply(self, decision: UpdateDecision, into: Any = None, source: Any = None) -> Applied:
+        """W̄(t) = the mean local model, then eqs. (2)–(4) on W; W_g(t) into ``into`` (whose
+        contents it replaces whole: ``source``, the current weights, is not needed)."""
         g = self.accum if self.held is None else self.held
         if decision.divisor != 1.0:
             self.xp.multiply(g, 1.0 / decision.divisor, out=g)
@@ -84,6 +85,11 @@ class BlockMomentumShard(ShardBlock):
             local_steps=f.tau * len(decision.learners),
         )  # fmt: skip
         return Applied(decision, f.zeta, rows=(("rounds", row),))
+
+    @property
+    def fuses_copy(self) -> bool:
+        """``apply`` writes W_g(t) whole into a new version: it never needs the copy."""
+        return True
 
     def serve(self, out: Any = None) -> Any:
         """W_g(t): W(t) + η·Δ(t) for NBM (eq. 6), W(t) for CBM and MA (eq. 5)."""

@@ -31,6 +31,7 @@ from pserver.comm.wire import (
     push_iteration,
     push_summed,
     retired_learner,
+    split_push_pull,
 )
 from pserver.plan.config import inject_plan
 from pserver.roles.shard_inject import ShardInjection
@@ -75,6 +76,7 @@ class ServerShard:
         self.inject = ShardInjection(inject_plan(self.cfg), self.shard, self.live)
         self.pulls = PullAnswers(self)
         self.handlers[Tag.PULL] = self.pulls.on_pull
+        self.handlers[Tag.PUSH_PULL] = self.on_push_pull
         if ctx.resume is not None:
             self.restore(ctx.resume.state)
 
@@ -141,6 +143,14 @@ class ServerShard:
         finally:
             st.arith.keep()  # the learner may reuse its slot once we answer its pull
 
+    def on_push_pull(self, h: Header) -> None:
+        """A push and the pull that follows it in one header (``Tag.PUSH_PULL``): handled as
+        the PUSH, then the PULL, would be. A learner lost sending its gradient asks nothing."""
+        push, pull = split_push_pull(h)
+        self.on_push(push)
+        if not self.gone(h.sender):
+            self.pulls.on_pull(pull)
+
     def shared(self, h: Header) -> bool:
         """Whether this push left its gradient in our shared window (a learner of our node)."""
         return push_summed(h.aux) == 0 and h.sender in self.window_peers  # not an aggregator's
@@ -175,10 +185,12 @@ class ServerShard:
     def update(self, st: BlockState) -> None:
         decision = st.arith.commit()
         # sends read w itself: never under them (copy-on-write); staged or predicted they do not
-        into = None
+        into = source = None
         if self.mode.sends_read_w:
-            into = st.versions.new_version(self.waiter, st.arith.w.nbytes)
-        applied = st.arith.apply(decision, into)
+            into, source = st.versions.new_version(
+                self.waiter, st.arith.w.nbytes, st.arith.fuses_copy
+            )
+        applied = st.arith.apply(decision, into, source)
         self.rows.update(st.block.index, applied.decision, applied.lr)
         if applied.steps >= 0:
             self.rows.prediction(st.block.index, applied, st.arith.predictor)
