@@ -16,7 +16,7 @@ milliseconds per model update in each category below, and the rank's share of a 
 * ``MPI``: the MPI library and mpi4py (matching, progress, tests);
 * ``kernel other``: scheduling, sleeps, page faults, system calls.
 
-The rank roles come from the log (``rank N server``, ``learner``, ``data``, ``stats``). Needs
+The rank roles come from the dump (its ``ranks`` attribute). Needs
 ``perf`` (``perf_event_paranoid`` ≤ 2 for one's own processes). Figures are CPU, not wall time:
 on a loaded machine they are far steadier than rates. Example::
 
@@ -27,6 +27,7 @@ on a loaded machine they are far steadier than rates. Example::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -84,16 +85,9 @@ def samples(path: Path) -> list[tuple[float, str, str]]:
     return rows
 
 
-def roles(log: str) -> dict[int, str]:
-    """rank -> role, from the ``[rank N ROLE ...]`` prefixes of the run's log."""
-    found: dict[int, str] = {}
-    for line in log.splitlines():
-        if "[rank " in line:
-            head = line.split("[rank ", 1)[1]
-            words = head.split()
-            if len(words) >= 2 and words[0].isdigit():
-                found.setdefault(int(words[0]), words[1])
-    return found
+def roles(dump: h5py.File) -> dict[int, str]:
+    """rank -> role ("server 0", "learner 2", ...), from the dump's ``ranks`` attribute."""
+    return {r["rank"]: r["role"] for r in json.loads(dump.attrs["ranks"])}
 
 
 def run(args: argparse.Namespace, tmp: Path) -> tuple[dict[int, list], dict[int, str], int]:
@@ -103,7 +97,7 @@ def run(args: argparse.Namespace, tmp: Path) -> tuple[dict[int, list], dict[int,
     cfg.write_text(
         PSERVER_TOML.format(
             out=out, epochs=1, lr=LR, size=args.size, batch=batch, blocks=args.blocks
-        ).replace('log_level = "warning"', 'log_level = "info"')
+        )
     )
     wrap = tmp / "wrap.sh"
     rank = "${PMI_RANK:-$OMPI_COMM_WORLD_RANK}"
@@ -123,19 +117,20 @@ def run(args: argparse.Namespace, tmp: Path) -> tuple[dict[int, list], dict[int,
         raise SystemExit(f"the run failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     with h5py.File(out / "stats.h5", "r", locking=False) as f:
         updates = int(f["servers"]["updates"][:].max())
+        role = roles(f)
     data = {r: samples(tmp / f"rank{r}.data") for r in range(n)}
-    return data, roles(res.stdout + res.stderr), updates
+    return data, role, updates
 
 
 def report(data: dict[int, list], role: dict[int, str], updates: int, freq: int) -> str:
-    shard = next(r for r, name in role.items() if name == "server")
+    shard = next(r for r, name in role.items() if name.startswith("server"))
     blas = [t for t, d, s in data[shard] if category(d, s) == "update (BLAS)"]
     lo, hi = min(blas), max(blas)
     window = hi - lo
     lines = [
         f"training window {window:.2f} s (the shard's first to last update sample), "
         f"{updates} updates; CPU ms per update by category, and the share of a core",
-        "rank  role      " + "  ".join(f"{c:>13}" for c in CATEGORIES) + "    total   core",
+        "rank  role          " + "  ".join(f"{c:>13}" for c in CATEGORIES) + "    total   core",
     ]
     totals: Counter = Counter()
     for r in sorted(data):
@@ -145,11 +140,11 @@ def report(data: dict[int, list], role: dict[int, str], updates: int, freq: int)
         totals.update(ms)
         share = sum(counts.values()) / freq / window
         lines.append(
-            f"{r:>4}  {role.get(r, '?'):<8}  " + "  ".join(f"{ms[c]:>13.2f}" for c in CATEGORIES)
+            f"{r:>4}  {role.get(r, '?'):<12}  " + "  ".join(f"{ms[c]:>13.2f}" for c in CATEGORIES)
             + f"  {total:>7.2f}  {share:>5.0%}"
         )  # fmt: skip
     lines.append(
-        "all             " + "  ".join(f"{totals[c]:>13.2f}" for c in CATEGORIES)
+        "all                 " + "  ".join(f"{totals[c]:>13.2f}" for c in CATEGORIES)
         + f"  {sum(totals.values()):>7.2f}"
     )  # fmt: skip
     return "\n".join(lines)

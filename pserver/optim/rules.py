@@ -154,8 +154,8 @@ class Updater:
 
     @property
     def fuses_copy(self) -> bool:
-        """Whether :meth:`step_from` costs no more memory traffic than :meth:`step` (plain SGD
-        through BLAS on the host): then a copy-on-write update is as cheap as one in place."""
+        """Whether :meth:`step_from` is one pass over memory (plain SGD through BLAS on the
+        host), cheaper than a copy then :meth:`step`; other rules copy, then step."""
         return self._axpy is not None
 
     def step_from(self, w: Any, src: Any, g: Any, lr: float) -> None:
@@ -165,8 +165,7 @@ class Updater:
         The same arithmetic as ``copyto(w, src); step(w, g, lr)``, bit for bit. For plain SGD on
         the host it runs piece by piece (``FUSED_PIECE``): each piece is copied, then stepped
         while still in cache, so the block crosses memory once (read ``src`` and ``g``, write
-        ``w``) instead of twice, the cost of a step in place (docs/performance.md, *The server
-        path at the memory limit*).
+        ``w``) instead of twice (docs/performance.md, *The server path at the memory limit*).
         """
         axpy = self._axpy
         if (

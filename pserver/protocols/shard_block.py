@@ -206,8 +206,8 @@ class ShardBlock:
 
     @property
     def fuses_copy(self) -> bool:
-        """Whether ``apply`` with a ``source`` costs no more than in place (``Updater.fuses_copy``):
-        then a new version is not worth waiting for a send to spare."""
+        """Whether ``apply`` with a ``source`` copies while it steps, cheaper than a copy then
+        the step (``Updater.fuses_copy``); the driver then leaves a copy-on-write to it."""
         return self.updater.fuses_copy
 
     def epoch_ends(self) -> EpochEnds:

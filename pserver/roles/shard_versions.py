@@ -75,21 +75,18 @@ class ServedVersions:
         the buffer holding the current weights it starts from (None: the target holds them —
         in place, or already copied).
 
-        In place when every send of the current version has completed; else copy-on-write to a
-        free version (allocated up to ``comm.versions``), which the pool's rule
-        (``VersionPool.may_pin``) keeps whenever the current one is read. ``fused``: the update
-        copies while it steps (``Updater.step_from``: one pass over memory, the cost of a step
-        in place), so the source is returned uncopied and no send is waited for. Otherwise the
-        copy is made here, and sends to responsive receivers are first given at most as long as
-        that copy takes (the last one's duration) to complete: driving them is work the shard
+        In place when every send of the current version has completed; else the weights are
+        copied to a free version (allocated up to ``comm.versions``), which the pool's rule
+        (``VersionPool.may_pin``) keeps whenever the current one is read. Sends to responsive
+        receivers are given at most as long as that copy takes (the last one's duration; with
+        ``fused``, ``nbytes`` at 2 GB/s) to complete first: driving them is work the shard
         does anyway, the copy is not. A stopped receiver thus delays an update by at most one
         copy's time, and only the first update after it stopped (later ones find its version
-        no longer current).
+        no longer current). ``fused``: the update copies while it steps
+        (``Updater.step_from``: one pass over memory), so the copy is left to it and the
+        source returned.
         """
-        if not fused:
-            self.give_sends(waiter, self.copy_cost or nbytes / 2e9)
-        else:
-            self.collect()
+        self.give_sends(waiter, self.copy_cost or nbytes / 2e9)
         write = self.pool.write()
         while len(self.bufs) < self.pool.allocated:
             self.bufs.append(self.buffer(len(self.bufs)))
