@@ -79,7 +79,7 @@ class ServedVersions:
         copied to a free version (allocated up to ``comm.versions``), which the pool's rule
         (``VersionPool.may_pin``) keeps whenever the current one is read. Sends to responsive
         receivers are given at most as long as that copy takes (the last one's duration; with
-        ``fused``, ``nbytes`` at 2 GB/s) to complete first: driving them is work the shard
+        ``fused``, an estimate from ``nbytes``) to complete first: driving them is work the shard
         does anyway, the copy is not. A stopped receiver thus delays an update by at most one
         copy's time, and only the first update after it stopped (later ones find its version
         no longer current). ``fused``: the update copies while it steps
