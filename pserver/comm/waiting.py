@@ -37,6 +37,10 @@ TIMER_SLACK_NS = 1000
 #: the longest sleep crowding may stretch comm.poll_max to (crowded_poll_max): a message to an
 #: idle rank is seen at most this late
 MAX_CROWDED_POLL = 0.02
+#: the ceiling of a wait that has lasted long (long_poll_max): per rank per core, and at most
+#: MAX_LONG_POLL; a wait sleeps that long only once it has waited 8 times as long (BACKOFF)
+LONG_POLL = 0.02
+MAX_LONG_POLL = 0.1
 
 _slack = threading.local()
 
@@ -78,6 +82,22 @@ def crowded_poll_max(poll_max: float, ranks_here: int, cores: int | None = None)
     return min(poll_max * crowd, max(poll_max, MAX_CROWDED_POLL))
 
 
+def long_poll_max(poll_max: float, ranks_here: int, cores: int | None = None) -> float:
+    """The longest sleep of a wait that has already lasted long: ``LONG_POLL`` times the ranks
+    per core, at most ``MAX_LONG_POLL``, never below ``poll_max``.
+
+    Each sleep is ``BACKOFF`` (1/8) of the time waited so far, so a sleep passes ``poll_max``
+    only once the wait has lasted 8 × ``poll_max``: the latency a wait adds stays within 1/8 of
+    its length, and a wait shorter than 8 × ``poll_max`` (a busy rank's: a pull's reply, the
+    next minibatch) sleeps as before. An idle rank (a learner waiting for a slow peer, a server
+    between requests) then wakes ~50 times a second instead of every ``poll_max``: each wake-up
+    costs ~20-40 µs of CPU, so at 1 ms (or 3.5 ms on a node with 3.5 ranks per core) an idle
+    rank used 1-3 % of a core (docs/performance.md, *Learners on two cores*;
+    ``scripts/bench_scaling.py --only idle`` measures it).
+    """
+    return max(poll_max, min(LONG_POLL * crowding(ranks_here, cores), MAX_LONG_POLL))
+
+
 def crowded_spin(ranks_here: int, cores: int | None = None) -> int:
     """The tests a wait makes before its first sleep: ``SPIN_TESTS`` divided by the ranks per
     core. Spinning pays when the reply is on its way from another core; on a crowded node the
@@ -104,10 +124,20 @@ class Backoff:
     MPI calls only), so for that long every sleep is ``lo``; the idle time that sets the later
     sleeps counts from the window's end. The window is finite, so an idle rank still ends up
     sleeping ``hi`` between tests; with ``tight = 0`` the rule is the one above.
+
+    ``long`` (default ``hi``): the ceiling once ``BACKOFF`` of the time idle passes ``hi``, i.e.
+    of a wait that has lasted 8 × ``hi`` (:func:`long_poll_max`); shorter waits are unchanged.
     """
 
-    def __init__(self, lo: float, hi: float, tight: float = 0.0, spin: int = SPIN_TESTS) -> None:
-        self.lo, self.hi, self.spin = lo, hi, spin
+    def __init__(
+        self,
+        lo: float,
+        hi: float,
+        tight: float = 0.0,
+        spin: int = SPIN_TESTS,
+        long: float | None = None,
+    ) -> None:
+        self.lo, self.hi, self.spin = lo, max(hi, long or hi), spin
         self.restart(tight)
 
     def restart(self, tight: float = 0.0) -> None:
@@ -316,10 +346,15 @@ class Waiter:
         poll_max: float = 1e-3,
         stall_timeout: float = 60.0,
         spin: int = SPIN_TESTS,
+        long_max: float | None = None,
     ) -> None:
         self.log, self.peers = log, peers
         self.poll_min, self.poll_max, self.stall_timeout = poll_min, poll_max, stall_timeout
         self.spin = spin  # tests before the first sleep (Backoff)
+        # the ceiling of a long wait (Backoff's ``long``): by default long_poll_max of a node
+        # with a rank per core, i.e. LONG_POLL, which a sleep reaches after 8 × LONG_POLL idle
+        self.long_max = max(long_poll_max(poll_max, 1, 1) if long_max is None else long_max,
+                            poll_max)  # fmt: skip
         self.waited = 0.0  # total seconds spent in waits, for the statistics
         # when peers are next checked for a death: per waiter, not per wait, so a rank whose
         # waits are each shorter than the period (a statistics server hearing from the other
@@ -351,7 +386,7 @@ class Waiter:
         if self._test(done, what):
             return
         tighten_timer_slack()
-        backoff = Backoff(self.poll_min, self.poll_max, tight, self.spin)
+        backoff = Backoff(self.poll_min, self.poll_max, tight, self.spin, self.long_max)
         start = backoff.since
         stall = StallClock(self.stall_timeout, self.log, start)
         try:
