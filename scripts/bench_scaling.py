@@ -72,6 +72,9 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--slow-factor", type=float, default=100.0,
                    help="idle: learner 0's slow-down (its step: compute-time × this)")
     p.add_argument("--only", choices=("throughput", "idle"), help="one experiment only")
+    p.add_argument("--threads", action="store_true",
+                   help="throughput: also sample each learner's threads from /proc (main "
+                        "thread's share of its CPU over the training)")  # fmt: skip
     p.add_argument(
         "--baseline", type=Path, metavar="DIR",
         help="also run every job with the code of this checkout (e.g. the commit before a "
@@ -90,7 +93,8 @@ class CpuSampler:
 
     def __init__(self, marker: str) -> None:
         self.marker = marker
-        self.samples: list[tuple[float, dict[int, int]]] = []  # (time.time(), {rank: ns})
+        # (time.time(), {rank: (ns of the main thread, ns of its other threads)})
+        self.samples: list[tuple[float, dict[int, tuple[int, int]]]] = []
         self.ranks: dict[int, int] = {}  # pid -> rank
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.loop, daemon=True)
@@ -131,28 +135,38 @@ class CpuSampler:
             if rank is not None:
                 self.ranks[int(name)] = int(rank)
 
-    def shares(self, start: float, end: float) -> dict[int, float]:
+    def shares(self, start: float, end: float, part: int | None = None) -> dict[int, float]:
         """Each rank's share of a core between the first sample at or after ``start`` and the
-        last at or before ``end`` (empty when fewer than two samples lie between)."""
+        last at or before ``end`` (empty when fewer than two samples lie between); ``part``
+        0: its main thread only, 1: its other threads only (prefetcher, comm thread)."""
         inside = [(t, got) for t, got in self.samples if start <= t <= end]
         if len(inside) < 2:
             return {}
         (t0, a), (t1, b) = inside[0], inside[-1]
-        return {r: (b[r] - a[r]) / 1e9 / (t1 - t0) for r in a if r in b}
+
+        def ns(x: tuple[int, int]) -> int:
+            return sum(x) if part is None else x[part]
+
+        return {r: (ns(b[r]) - ns(a[r])) / 1e9 / (t1 - t0) for r in a if r in b}
 
 
-def cpu_ns(pid: int) -> int | None:
-    """Nanoseconds process ``pid`` has run, all its threads (None once it ended)."""
-    total = 0
+def cpu_ns(pid: int) -> tuple[int, int] | None:
+    """Nanoseconds process ``pid`` has run on a CPU: (its main thread, its other threads);
+    None once it ended."""
+    main = other = 0
     try:
         for task in os.listdir(f"/proc/{pid}/task"):
             try:
-                total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
+                ns = int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
             except (OSError, IndexError, ValueError):  # a thread that just ended
                 continue
+            if int(task) == pid:
+                main += ns
+            else:
+                other += ns
     except OSError:
         return None
-    return total
+    return main, other
 
 
 def training_span(stderr: str) -> tuple[float, float]:
@@ -183,18 +197,20 @@ def job(
         if margin < 0:
             launcher.run(lam + OTHER_RANKS, cmd)
             idle_shares: dict[int, float] = {}
+            main_shares: dict[int, float] = {}
         else:
             with CpuSampler(f"run.out_dir={tmp}/run") as sampler:
                 res = launcher.run(lam + OTHER_RANKS, [*cmd, "run.log_level=debug"])
             start, end = training_span(res.stderr)
             idle_shares = sampler.shares(start + margin, end - margin)
+            main_shares = sampler.shares(start + margin, end - margin, part=0)
         dump = load_dump(Path(tmp) / "run" / "stats.h5")
         out = summarize(dump)
         rows = dump.group("servers")
         out["server_share"] = (
             float(rows["cpu_time"][0] / rows["run_time"][0]) if dump.rows("servers") else math.nan
         )
-        out["idle_shares"] = idle_shares
+        out["idle_shares"], out["main_shares"] = idle_shares, main_shares
         return out
 
 
@@ -204,9 +220,16 @@ def shares(summary: dict[str, Any], skip: int | None = None) -> list[float]:
 
 def throughput(launcher: Launcher, args: argparse.Namespace, lam: int) -> dict[str, float]:
     s = job(launcher, args, lam, ["protocol.name=async", f"run.epochs={args.epochs}",
-                                  f"inject.compute_time={args.compute_time}"])  # fmt: skip
-    return {"samples_per_s": s["samples_per_s"], "learner_core": med(shares(s)),
-            "server_core": s["server_share"]}  # fmt: skip
+                                  f"inject.compute_time={args.compute_time}"],
+            margin=0.0 if args.threads else -1)  # fmt: skip
+    steps = [r["cpu_time"] / r["minibatches"] for r in s["learners"].values() if r["minibatches"]]
+    out = {"samples_per_s": s["samples_per_s"], "learner_core": med(shares(s)),
+           "server_core": s["server_share"], "cpu_ms_per_step": med(steps) * 1e3}  # fmt: skip
+    if args.threads:  # each learner's main thread and its others (prefetcher, comm thread)
+        every = [v for r, v in s["idle_shares"].items() if r >= OTHER_RANKS]
+        main = [v for r, v in s["main_shares"].items() if r >= OTHER_RANKS]
+        out["main_share"] = med(main) / med(every) if every and med(every) else math.nan
+    return out
 
 
 def idle(launcher: Launcher, args: argparse.Namespace, lam: int) -> dict[str, float]:
@@ -243,10 +266,13 @@ def report(args: argparse.Namespace, tp: dict, idl: dict) -> str:
         rows = [[str(lam), f"{med(r['samples_per_s'] for r in got):.0f}",
                  ratio(tp, lam, 4, "samples_per_s"), ratio(tp, lam, 32, "samples_per_s"),
                  f"{med(r['learner_core'] for r in got) * 100:.1f}%",
-                 f"{med(r['server_core'] for r in got) * 100:.1f}%"]
+                 f"{med(r['server_core'] for r in got) * 100:.1f}%",
+                 f"{med(r['cpu_ms_per_step'] for r in got):.2f}",
+                 f"{med((r.get('main_share', math.nan) for r in got), drop_nan=True):.2f}"]
                 for lam, got in tp.items()]  # fmt: skip
         out.append(table(
-            ["λ", "samples/s", "÷ λ=4", "÷ λ=32", "learner % core", "shard % core"], rows,
+            ["λ", "samples/s", "÷ λ=4", "÷ λ=32", "learner % core", "shard % core",
+             "learner CPU ms/minibatch", "main thread's share (--threads)"], rows,
             f"throughput: async, inject.compute_time={args.compute_time}, {args.epochs} epochs "
             f"(medians of {args.repeats})",
         ))  # fmt: skip
