@@ -37,10 +37,11 @@ TIMER_SLACK_NS = 1000
 #: the longest sleep crowding may stretch comm.poll_max to (crowded_poll_max): a message to an
 #: idle rank is seen at most this late
 MAX_CROWDED_POLL = 0.02
-#: the ceiling of a wait that has lasted long (long_poll_max): per rank per core, and at most
-#: MAX_LONG_POLL; a wait sleeps that long only once it has waited 8 times as long (BACKOFF)
+#: the ceiling of a wait that has lasted LONG_WAIT s (long_poll_max): per rank per core, and
+#: at most MAX_LONG_POLL; a shorter wait keeps poll_max (crowded), so busy waits are unchanged
 LONG_POLL = 0.02
 MAX_LONG_POLL = 0.1
+LONG_WAIT = 0.1
 
 _slack = threading.local()
 
@@ -86,14 +87,13 @@ def long_poll_max(poll_max: float, ranks_here: int, cores: int | None = None) ->
     """The longest sleep of a wait that has already lasted long: ``LONG_POLL`` times the ranks
     per core, at most ``MAX_LONG_POLL``, never below ``poll_max``.
 
-    Each sleep is ``BACKOFF`` (1/8) of the time waited so far, so a sleep passes ``poll_max``
-    only once the wait has lasted 8 × ``poll_max``: the latency a wait adds stays within 1/8 of
-    its length, and a wait shorter than 8 × ``poll_max`` (a busy rank's: a pull's reply, the
-    next minibatch) sleeps as before. An idle rank (a learner waiting for a slow peer, a server
-    between requests) then wakes ~50 times a second instead of every ``poll_max``: each wake-up
-    costs ~20-40 µs of CPU, so at 1 ms (or 3.5 ms on a node with 3.5 ranks per core) an idle
-    rank used 1-3 % of a core (docs/performance.md, *Learners on two cores*;
-    ``scripts/bench_scaling.py --only idle`` measures it).
+    It applies once a wait has lasted ``LONG_WAIT`` (0.1 s): a shorter wait (a busy rank's: a
+    pull's reply, the next minibatch) sleeps as before, and each sleep is still ``BACKOFF``
+    (1/8) of the time waited, so the latency a long wait adds stays within 1/8 of its length.
+    An idle rank (a learner waiting for a slow peer, a server between requests) then wakes ~50
+    times a second instead of every ``poll_max``: each wake-up costs ~20-100 µs of CPU, so at
+    1 ms (or 3.5 ms on a node with 3.5 ranks per core) an idle rank used 1-3 % of a core
+    (docs/performance.md, *An idle rank's CPU*; ``scripts/bench_scaling.py --only idle``).
     """
     return max(poll_max, min(LONG_POLL * crowding(ranks_here, cores), MAX_LONG_POLL))
 
@@ -125,8 +125,8 @@ class Backoff:
     sleeps counts from the window's end. The window is finite, so an idle rank still ends up
     sleeping ``hi`` between tests; with ``tight = 0`` the rule is the one above.
 
-    ``long`` (default ``hi``): the ceiling once ``BACKOFF`` of the time idle passes ``hi``, i.e.
-    of a wait that has lasted 8 × ``hi`` (:func:`long_poll_max`); shorter waits are unchanged.
+    ``long`` (default ``hi``): the ceiling once the wait has been idle ``LONG_WAIT`` s
+    (:func:`long_poll_max`); shorter waits are unchanged.
     """
 
     def __init__(
@@ -137,7 +137,8 @@ class Backoff:
         spin: int = SPIN_TESTS,
         long: float | None = None,
     ) -> None:
-        self.lo, self.hi, self.spin = lo, max(hi, long or hi), spin
+        self.lo, self.hi, self.spin = lo, hi, spin
+        self.long = max(hi, long or hi)
         self.restart(tight)
 
     def restart(self, tight: float = 0.0) -> None:
@@ -150,7 +151,7 @@ class Backoff:
         if self.tests < self.spin:
             return 0.0
         idle = time.monotonic() - self.since - self.tight
-        return min(max(BACKOFF * idle, self.lo), self.hi)
+        return min(max(BACKOFF * idle, self.lo), self.long if idle >= LONG_WAIT else self.hi)
 
 
 class PeerLog:
@@ -351,8 +352,8 @@ class Waiter:
         self.log, self.peers = log, peers
         self.poll_min, self.poll_max, self.stall_timeout = poll_min, poll_max, stall_timeout
         self.spin = spin  # tests before the first sleep (Backoff)
-        # the ceiling of a long wait (Backoff's ``long``): by default long_poll_max of a node
-        # with a rank per core, i.e. LONG_POLL, which a sleep reaches after 8 × LONG_POLL idle
+        # the ceiling of a wait idle LONG_WAIT s (Backoff's ``long``): by default long_poll_max
+        # of a node with a rank per core, i.e. LONG_POLL
         self.long_max = max(long_poll_max(poll_max, 1, 1) if long_max is None else long_max,
                             poll_max)  # fmt: skip
         self.waited = 0.0  # total seconds spent in waits, for the statistics
