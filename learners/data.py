@@ -29,8 +29,8 @@ from pserver.plan.limits import MAX_CLASSES, data_bytes
 #: UCI's handwritten digits as scikit-learn ships them: samples, features (8x8), classes
 DIGITS = (1797, 64, 10)
 
-if TYPE_CHECKING:  # imported where a file is opened: most ranks never open one, and h5py
-    import h5py  # costs each rank ~20 ms of CPU at start-up (docs/performance.md)
+if TYPE_CHECKING:  # imported where a file is opened: most ranks never open one at start-up
+    import h5py  # (docs/performance.md, *What a rank imports, by role*)
 
 
 @dataclass
@@ -289,7 +289,8 @@ def stored_integer(path: str | Path) -> bool:
 def _digits_shape(cfg: DataConfig, seed: int) -> Dataset:
     """The digits' shape without reading them: the file is scikit-learn's fixed copy of UCI's
     set (``DIGITS``, checked against the file by tests/test_data.py); reading and splitting it
-    on every learner cost ~15 ms of CPU per rank at start-up (docs/performance.md)."""
+    on every learner was a cost of every job's start-up (docs/performance.md, *What a rank
+    imports, by role*)."""
     n, f, c = DIGITS
     n_train, n_test = _split_sizes("digits", n, cfg.test_fraction)
     return _shape_only("digits", n_train, n_test, f, c)

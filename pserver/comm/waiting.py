@@ -90,10 +90,11 @@ def long_poll_max(poll_max: float, ranks_here: int, cores: int | None = None) ->
     It applies once a wait has lasted ``LONG_WAIT`` (0.1 s): a shorter wait (a busy rank's: a
     pull's reply, the next minibatch) sleeps as before, and each sleep is still ``BACKOFF``
     (1/8) of the time waited, so the latency a long wait adds stays within 1/8 of its length.
-    An idle rank (a learner waiting for a slow peer, a server between requests) then wakes ~50
-    times a second instead of every ``poll_max``: each wake-up costs ~20-100 µs of CPU, so at
-    1 ms (or 3.5 ms on a node with 3.5 ranks per core) an idle rank used 1-3 % of a core
-    (docs/performance.md, *An idle rank's CPU*; ``scripts/bench_scaling.py --only idle``).
+    An idle rank (a learner waiting for a slow peer, a server between requests) then wakes
+    every ``LONG_POLL`` instead of every ``poll_max``: each wake-up costs CPU (a test, the
+    Python around it, a context switch), which made an idle rank's share of a core the
+    largest cost of a crowded node (docs/performance.md, *An idle rank's CPU*, has the
+    figures; ``scripts/bench_scaling.py --only idle`` measures them).
     """
     return max(poll_max, min(LONG_POLL * crowding(ranks_here, cores), MAX_LONG_POLL))
 
