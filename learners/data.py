@@ -15,9 +15,8 @@ import math
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import h5py
 import numpy as np
 
 from learners import fashion
@@ -26,6 +25,12 @@ from pserver.ckpt.h5stored import GROUP, LINK, MISSING, OUTSIDE, stored
 from pserver.errors import ConfigError, DataError
 from pserver.plan.config import DataConfig
 from pserver.plan.limits import MAX_CLASSES, data_bytes
+
+#: UCI's handwritten digits as scikit-learn ships them: samples, features (8x8), classes
+DIGITS = (1797, 64, 10)
+
+if TYPE_CHECKING:  # imported where a file is opened: most ranks never open one at start-up
+    import h5py  # (docs/performance.md, *What a rank imports, by role*)
 
 
 @dataclass
@@ -185,7 +190,7 @@ def data_size(cfg: DataConfig) -> tuple[int, str]:
         n_train, n_test, f = fashion.image_shape(cfg.dir)
         where = str(fashion.files(cfg.dir, "train")[0].parent)
         return data_bytes(n_train + n_test, f, 1), f"fashion-mnist in {where!r}"
-    return data_bytes(1797, 64, 8), "data.source = digits"
+    return data_bytes(DIGITS[0], DIGITS[1], 8), "data.source = digits"
 
 
 def _digits(cfg: DataConfig, seed: int) -> Dataset:
@@ -275,14 +280,20 @@ def _fashion_shape(cfg: DataConfig, seed: int) -> Dataset:
 
 def stored_integer(path: str | Path) -> bool:
     """Whether ``X`` in ``path`` (already validated by :func:`read_hdf5`) holds integers."""
+    import h5py
+
     with h5py.File(path, "r") as f:
         return f["X"].dtype.kind in "iub"
 
 
 def _digits_shape(cfg: DataConfig, seed: int) -> Dataset:
-    """The digits are 460 KB: loaded and dropped, so the shape cannot differ from the data's."""
-    ds = _digits(cfg, seed)
-    return _shape_only(ds.name, ds.n_train, len(ds.y_test), ds.n_features, ds.n_classes)
+    """The digits' shape without reading them: the file is scikit-learn's fixed copy of UCI's
+    set (``DIGITS``, checked against the file by tests/test_data.py); reading and splitting it
+    on every learner was a cost of every job's start-up (docs/performance.md, *What a rank
+    imports, by role*)."""
+    n, f, c = DIGITS
+    n_train, n_test = _split_sizes("digits", n, cfg.test_fraction)
+    return _shape_only("digits", n_train, n_test, f, c)
 
 
 def _synthetic_shape(cfg: DataConfig, seed: int) -> Dataset:
@@ -308,6 +319,8 @@ def _hdf5_shape(cfg: DataConfig, seed: int) -> Dataset:
 
 def _hdf5_meta(path: str) -> tuple[int, int]:
     """(N, F) of X from the metadata, with X's dtype checked as the data server checks it."""
+    import h5py
+
     n, f, _ = hdf5_shape(path)
     p = Path(path)
     with h5py.File(p, "r") as fh:
@@ -318,6 +331,8 @@ def _hdf5_meta(path: str) -> tuple[int, int]:
 
 
 def _hdf5_labels(path: str, n: int) -> np.ndarray:
+    import h5py
+
     p = Path(path)
     try:
         with h5py.File(p, "r") as fh:
@@ -345,6 +360,8 @@ def _shape_only(name: str, n_train: int, n_test: int, f: int, n_classes: int) ->
 
 def read_hdf5(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     """Read and validate datasets ``X`` (N x ..., numeric) and ``y`` (N labels in 0..C-1)."""
+    import h5py
+
     p = _hdf5_file(path)
     try:
         with h5py.File(p, "r") as f:
@@ -357,6 +374,8 @@ def read_hdf5(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
 def hdf5_shape(path: str | Path) -> tuple[int, int, int]:
     """(N, F, bytes per stored value) of ``X`` in ``path``, from its metadata alone: what
     reading the file will allocate is known before anything is read."""
+    import h5py
+
     p = _hdf5_file(path)
     try:
         with h5py.File(p, "r") as f:
@@ -376,6 +395,8 @@ def hdf5_shape(path: str | Path) -> tuple[int, int, int]:
 
 
 def _hdf5_file(path: str | Path) -> Path:
+    import h5py
+
     p = Path(path)
     if p.is_dir():
         raise DataError(f"data file {str(p)!r} is a directory, expected an HDF5 file")
@@ -555,6 +576,8 @@ class BatchSampler:
 
 def write_hdf5_dataset(path: str | Path, X: Any, y: Any) -> None:
     """Write ``X`` and ``y`` as datasets ``"X"`` and ``"y"`` of a new HDF5 file at ``path``."""
+    import h5py
+
     with h5py.File(path, "w") as f:
         f.create_dataset("X", data=np.asarray(X))
         f.create_dataset("y", data=np.asarray(y))

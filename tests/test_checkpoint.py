@@ -72,7 +72,7 @@ def test_full_disk_keeps_the_previous_file(tmp_path: Path, monkeypatch) -> None:
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(ck.h5py, "File", full)
+    monkeypatch.setattr(h5py, "File", full)  # ck imports h5py where it writes
     with pytest.raises(ck.CheckpointError, match="No space left"):
         ck.write_state(path, _state(1), {"g": 2})
     monkeypatch.undo()

@@ -69,7 +69,7 @@ def test_a_full_disk_reported_at_close_is_a_checkpoint_error(tmp_path: Path, mon
     def full(*a, **kw):  # what h5py raises when HDF5 flushes onto a full disk at close
         raise RuntimeError("Unable to close file (file write failed: errno = 28)")
 
-    monkeypatch.setattr(ck.h5py, "File", full)
+    monkeypatch.setattr(h5py, "File", full)  # ck imports h5py where it writes
     with pytest.raises(ck.CheckpointError, match="cannot write checkpoint.*errno = 28"):
         _write(path, np.ones(8, np.float32))
     assert path.read_bytes() == before and not list(tmp_path.glob("*.tmp"))

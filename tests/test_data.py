@@ -317,3 +317,17 @@ def test_described_hdf5_refuses_what_loading_refuses(tmp_path, writer, fragment)
 def test_stats_server_keeps_the_test_set_only():
     ds = load_dataset(DataConfig(), 0).test_only()
     assert ds.X_train.size == 0 and ds.n_train == 1347 and len(ds.y_test) == 450
+
+
+@pytest.mark.parametrize("fraction", [0.25, 0.1, 0.5])
+def test_digits_shape_without_reading_equals_the_loaded_split(fraction):
+    """The learners' shape of the digits (from DIGITS, no read) is the data server's split."""
+    from learners.data import DIGITS, describe_dataset
+
+    cfg = DataConfig(source="digits", test_fraction=fraction)
+    ds, shape = load_dataset(cfg, seed=0), describe_dataset(cfg, seed=0)
+    assert (len(ds.y_train) + len(ds.y_test), ds.n_features, ds.n_classes) == DIGITS
+    assert (shape.n_train, shape.n_features, shape.n_classes) == (
+        ds.n_train, ds.n_features, ds.n_classes
+    )
+    assert shape.name == ds.name

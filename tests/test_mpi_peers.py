@@ -16,7 +16,9 @@ import sys
 import threading
 
 import pytest
-from mpirun import QUICKSTART, ROOT, mpiexec
+from mpirun import QUICKSTART, ROOT
+
+from pserver.job import launch
 
 pytestmark = pytest.mark.mpi
 
@@ -40,7 +42,7 @@ def test_killed_rank_is_named_by_the_survivors(tmp_path, case):
     pids = tmp_path / "pids"
     pids.mkdir()
     cmd = [
-        mpiexec(), "-n", str(n), "sh", "-c", WRAPPER, "sh",
+        *launch.launcher(), "-n", str(n), "sh", "-c", WRAPPER, "sh",
         sys.executable, "-m", "pserver.job.cli", str(QUICKSTART), f"run.out_dir={tmp_path / 'run'}",
         "run.epochs=1000", "stats.progress=false", "inject.compute_time=0.002", *overrides,
     ]
@@ -81,7 +83,7 @@ def test_the_launchers_pid_of_a_killed_learner_maps_to_its_rank(tmp_path):
     which in 1 of 2 tries here was one its own clean-up had killed, not the learner killed:
     docs/launching.md says so.)"""
     cmd = [
-        mpiexec(), "-n", "6", sys.executable, "-m", "pserver.job.cli", str(QUICKSTART),
+        *launch.launcher(), "-n", "6", sys.executable, "-m", "pserver.job.cli", str(QUICKSTART),
         f"run.out_dir={tmp_path / 'run'}", "run.epochs=1000", "stats.progress=false",
         "inject.compute_time=0.002", "protocol.name=sync",
     ]  # fmt: skip

@@ -9,15 +9,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
-from mpirun import QUICKSTART, ROOT, mpiexec, run_job
+from mpirun import QUICKSTART, ROOT, run_job
 
 from learners.data import write_hdf5_dataset
+from pserver.job import launch
 
 pytestmark = pytest.mark.mpi
 
@@ -33,7 +33,8 @@ def data_file(tmp_path: Path) -> Path:
 
 
 def start(n: int, args: list[str], env: dict[str, str]) -> subprocess.Popen:
-    cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "pserver.job.cli", *args]
+    # the launcher with $PSERVER_MPIEXEC_FLAGS (Open MPI as root needs --allow-run-as-root)
+    cmd = launch.mpi_command(n, [*launch.pserver_cli(), *args])
     path = os.pathsep.join(p for p in (str(FAULTS), os.environ.get("PYTHONPATH", "")) if p)
     return subprocess.Popen(
         cmd,

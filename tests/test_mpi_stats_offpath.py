@@ -27,7 +27,8 @@ import numpy as np
 import pytest
 
 from pserver.dump.reader import load_dump
-from tests.mpirun import QUICKSTART, ROOT, mpiexec
+from pserver.job import launch
+from tests.mpirun import QUICKSTART, ROOT
 
 pytestmark = pytest.mark.mpi
 
@@ -69,7 +70,7 @@ class Job:
     """An mpiexec job whose output lines are read as they come (a hard deadline on all)."""
 
     def __init__(self, n: int, args: list[str]) -> None:
-        cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "pserver.job.cli", *args]
+        cmd = [*launch.launcher(), "-n", str(n), sys.executable, "-m", "pserver.job.cli", *args]
         self.proc = subprocess.Popen(
             cmd, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

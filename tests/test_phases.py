@@ -11,12 +11,21 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from pserver.comm.waiting import (
+    BACKOFF,
+    LONG_POLL,
+    LONG_WAIT,
     MAX_CROWDED_POLL,
+    MAX_LONG_POLL,
     SPIN_TESTS,
     Backoff,
+    PeerLog,
+    Waiter,
     crowded_poll_max,
     crowded_spin,
+    long_poll_max,
 )
 from pserver.runtime.phases import PREFIX, Phases, process_start
 from pserver.runtime.session import LAUNCHED, OPEN_MPI_DEFAULTS, mpi_defaults
@@ -61,6 +70,36 @@ def test_crowded_spin_divides_the_spinning_tests_by_ranks_per_core():
     assert crowded_spin(1000, cores=2) == 1  # at least one test before a sleep
     backoff = Backoff(1e-5, 1e-3, spin=3)
     assert [backoff.next_sleep() > 0 for _ in range(4)] == [False, False, True, True]
+
+
+def test_a_long_wait_sleeps_longer_and_a_short_one_as_before():
+    """Sleeps pass poll_max only once the wait has lasted LONG_WAIT (1/8 of the time waited
+    each), up to the long ceiling: an idle rank wakes ~50 times a second, a busy wait sleeps
+    exactly as without the long ceiling."""
+    for long in (None, LONG_POLL):
+        b = Backoff(1e-5, 1e-3, spin=1, long=long)
+        b.since -= 0.004  # 4 ms waited: 0.5 ms, below poll_max either way
+        assert b.next_sleep() == pytest.approx(BACKOFF * 0.004, rel=0.05)
+        b.since -= 0.004  # 8 ms: poll_max either way
+        assert b.next_sleep() == pytest.approx(1e-3, rel=0.05)
+        b.since -= LONG_WAIT * 0.8  # still short of LONG_WAIT: poll_max either way
+        assert b.next_sleep() == 1e-3
+        b.since -= 1.0  # a second: the long ceiling, or poll_max without one
+        assert b.next_sleep() == (1e-3 if long is None else LONG_POLL)
+    b = Backoff(1e-5, 1e-3, spin=1, long=1.0)
+    b.since -= 2 * LONG_WAIT  # past LONG_WAIT: 1/8 of the time waited, below the long ceiling
+    assert b.next_sleep() == pytest.approx(BACKOFF * 2 * LONG_WAIT, rel=0.05)
+
+
+def test_long_poll_max_scales_with_ranks_per_core_and_is_the_waiters_default():
+    assert long_poll_max(1e-3, 2, cores=2) == LONG_POLL
+    assert long_poll_max(1e-3, 4, cores=2) == 2 * LONG_POLL
+    assert long_poll_max(1e-3, 131, cores=2) == MAX_LONG_POLL
+    assert long_poll_max(0.5, 131, cores=2) == 0.5  # a user's longer poll_max stays
+    log = logging.getLogger("test")
+    assert Waiter(log, PeerLog()).long_max == LONG_POLL
+    assert Waiter(log, PeerLog(), poll_max=0.5).long_max == 0.5
+    assert Waiter(log, PeerLog(), long_max=0.05).long_max == 0.05
 
 
 def run_child(env: dict[str, str]) -> list[str]:

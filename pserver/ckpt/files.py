@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import h5py
 import numpy as np
 
 from pserver.ckpt.h5stored import GROUP, LINK, OUTSIDE, stored
@@ -222,6 +221,8 @@ def write_state(path: str | Path, arrays: Mapping[str, Any], attrs: Mapping[str,
     text = json.dumps(dict(attrs), sort_keys=True)  # fails here, before any file, if not JSON
 
     def write(tmp: Path) -> None:
+        import h5py  # here: a run without checkpoints never pays its import (start-up)
+
         with h5py.File(tmp, "w") as f:
             f.attrs["format"] = FORMAT
             f.attrs["attrs"] = text
@@ -286,6 +287,8 @@ def read_state(path: str | Path, expected_sha256: str | None = None) -> State:
             f"checkpoint {path}: its SHA-256 differs from the one LATEST recorded (the file was "
             f"replaced or changed after the generation was committed): refused"
         )
+    import h5py
+
     try:
         with h5py.File(path, "r") as f:
             if int(f.attrs.get("format", -1)) != FORMAT:

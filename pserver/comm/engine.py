@@ -57,7 +57,8 @@ class CommEngine:
     def loop(self) -> None:
         """The communication thread: test, notify on change, back off when idle."""
         tighten_timer_slack()
-        backoff = Backoff(self.waiter.poll_min, self.waiter.poll_max, spin=self.waiter.spin)
+        w = self.waiter
+        backoff = Backoff(w.poll_min, w.poll_max, spin=w.spin, long=w.long_max)
         try:
             while not self.stop.is_set():
                 if self.step():

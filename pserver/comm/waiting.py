@@ -37,6 +37,11 @@ TIMER_SLACK_NS = 1000
 #: the longest sleep crowding may stretch comm.poll_max to (crowded_poll_max): a message to an
 #: idle rank is seen at most this late
 MAX_CROWDED_POLL = 0.02
+#: the ceiling of a wait that has lasted LONG_WAIT s (long_poll_max): per rank per core, and
+#: at most MAX_LONG_POLL; a shorter wait keeps poll_max (crowded), so busy waits are unchanged
+LONG_POLL = 0.02
+MAX_LONG_POLL = 0.1
+LONG_WAIT = 0.1
 
 _slack = threading.local()
 
@@ -78,6 +83,22 @@ def crowded_poll_max(poll_max: float, ranks_here: int, cores: int | None = None)
     return min(poll_max * crowd, max(poll_max, MAX_CROWDED_POLL))
 
 
+def long_poll_max(poll_max: float, ranks_here: int, cores: int | None = None) -> float:
+    """The longest sleep of a wait that has already lasted long: ``LONG_POLL`` times the ranks
+    per core, at most ``MAX_LONG_POLL``, never below ``poll_max``.
+
+    It applies once a wait has lasted ``LONG_WAIT`` (0.1 s): a shorter wait (a busy rank's: a
+    pull's reply, the next minibatch) sleeps as before, and each sleep is still ``BACKOFF``
+    (1/8) of the time waited, so the latency a long wait adds stays within 1/8 of its length.
+    An idle rank (a learner waiting for a slow peer, a server between requests) then wakes
+    every ``LONG_POLL`` instead of every ``poll_max``: each wake-up costs CPU (a test, the
+    Python around it, a context switch), which made an idle rank's share of a core the
+    largest cost of a crowded node (docs/performance.md, *An idle rank's CPU*, has the
+    figures; ``scripts/bench_scaling.py --only idle`` measures them).
+    """
+    return max(poll_max, min(LONG_POLL * crowding(ranks_here, cores), MAX_LONG_POLL))
+
+
 def crowded_spin(ranks_here: int, cores: int | None = None) -> int:
     """The tests a wait makes before its first sleep: ``SPIN_TESTS`` divided by the ranks per
     core. Spinning pays when the reply is on its way from another core; on a crowded node the
@@ -104,10 +125,21 @@ class Backoff:
     MPI calls only), so for that long every sleep is ``lo``; the idle time that sets the later
     sleeps counts from the window's end. The window is finite, so an idle rank still ends up
     sleeping ``hi`` between tests; with ``tight = 0`` the rule is the one above.
+
+    ``long`` (default ``hi``): the ceiling once the wait has been idle ``LONG_WAIT`` s
+    (:func:`long_poll_max`); shorter waits are unchanged.
     """
 
-    def __init__(self, lo: float, hi: float, tight: float = 0.0, spin: int = SPIN_TESTS) -> None:
+    def __init__(
+        self,
+        lo: float,
+        hi: float,
+        tight: float = 0.0,
+        spin: int = SPIN_TESTS,
+        long: float | None = None,
+    ) -> None:
         self.lo, self.hi, self.spin = lo, hi, spin
+        self.long = max(hi, long or hi)
         self.restart(tight)
 
     def restart(self, tight: float = 0.0) -> None:
@@ -120,7 +152,7 @@ class Backoff:
         if self.tests < self.spin:
             return 0.0
         idle = time.monotonic() - self.since - self.tight
-        return min(max(BACKOFF * idle, self.lo), self.hi)
+        return min(max(BACKOFF * idle, self.lo), self.long if idle >= LONG_WAIT else self.hi)
 
 
 class PeerLog:
@@ -316,10 +348,15 @@ class Waiter:
         poll_max: float = 1e-3,
         stall_timeout: float = 60.0,
         spin: int = SPIN_TESTS,
+        long_max: float | None = None,
     ) -> None:
         self.log, self.peers = log, peers
         self.poll_min, self.poll_max, self.stall_timeout = poll_min, poll_max, stall_timeout
         self.spin = spin  # tests before the first sleep (Backoff)
+        # the ceiling of a wait idle LONG_WAIT s (Backoff's ``long``): by default long_poll_max
+        # of a node with a rank per core, i.e. LONG_POLL
+        self.long_max = max(long_poll_max(poll_max, 1, 1) if long_max is None else long_max,
+                            poll_max)  # fmt: skip
         self.waited = 0.0  # total seconds spent in waits, for the statistics
         # when peers are next checked for a death: per waiter, not per wait, so a rank whose
         # waits are each shorter than the period (a statistics server hearing from the other
@@ -351,7 +388,7 @@ class Waiter:
         if self._test(done, what):
             return
         tighten_timer_slack()
-        backoff = Backoff(self.poll_min, self.poll_max, tight, self.spin)
+        backoff = Backoff(self.poll_min, self.poll_max, tight, self.spin, self.long_max)
         start = backoff.since
         stall = StallClock(self.stall_timeout, self.log, start)
         try:
