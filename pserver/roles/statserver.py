@@ -27,6 +27,7 @@ from mpi4py import MPI
 from pserver import __version__
 from pserver.ckpt.files import State
 from pserver.comm.records import decode
+from pserver.comm.waiting import usable_cores
 from pserver.comm.wire import Header, Tag, WireError, header_buffer, model_epoch
 from pserver.dump.progress import sigma_text
 from pserver.dump.schema import DATA_SCALING
@@ -85,6 +86,7 @@ class StatsServer:
             "pserver_version": __version__,
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "host": socket.gethostname(),
+            "cores": usable_cores(),  # of this rank's node: pserver-sim --calibrate reads it
             **self.scaling_attrs(),
             **dump_attrs(lay, self.ctx.nodes, self.ctx.hosts, self.cfg.run.out_dir,
                          self.ctx.pids),
@@ -156,6 +158,7 @@ class StatsServer:
             "/",
             finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             wall_time=self.ctx.now(),
+            stats_cpu_time=time.process_time(),
         )
         self.rows = self.writer.rows()
 

@@ -32,6 +32,8 @@ learner up, which the fetch waits of the dump show when it is so).
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -45,7 +47,7 @@ from pserver.strategies import lookup
 
 #: the keys a fit sets (the others keep the config's values)
 FITTED = ("compute", "compute_cv", "step_overhead", "latency", "latency_cv", "message_time",
-          "start_time", "end_time")
+          "start_time", "end_time", "cores", "cpu", "other_cpu")
 
 
 def dump_path(run: str | Path) -> Path:
@@ -55,8 +57,25 @@ def dump_path(run: str | Path) -> Path:
 
 def calibrate(run: str | Path, base: SimConfig | None = None) -> SimConfig:
     """The ``[sim]`` fitted to the dump of ``run`` (a run directory or its ``stats.h5``);
-    ``base`` gives the keys not fitted (default: ``SimConfig()``)."""
-    return fit(load_dump(dump_path(run)), base or SimConfig())
+    ``base`` gives the keys not fitted (default: ``SimConfig()``). Prints a note on stderr
+    where the dump does not record its node's cores (:func:`cores_of`)."""
+    dump = load_dump(dump_path(run))
+    _, note = cores_of(dump)
+    if note:
+        print(note, file=sys.stderr)
+    return fit(dump, base or SimConfig())
+
+
+def cores_of(dump: Dump) -> tuple[float, str | None]:
+    """The cores the run's ranks shared: its ``cores`` attribute (the statistics server's
+    node), else this machine's count, with a note saying so (a dump older than the attribute,
+    or one not from one node)."""
+    recorded = dump.attrs.get("cores")
+    if recorded:
+        return float(recorded), None
+    here = os.cpu_count() or 1
+    return float(here), (f"note: {dump.path} does not record its node's cores; sim.cores = "
+                         f"{here}, this machine's count")
 
 
 def fit(dump: Dump, base: SimConfig) -> SimConfig:
@@ -78,7 +97,8 @@ def fit(dump: Dump, base: SimConfig) -> SimConfig:
     cv = float(np.std(compute) / mean) if mean > 0 else 0.0
     overhead = step_overhead(train, n)
     nbytes = model_bytes(dump)
-    message = message_time(dump, base, nbytes)
+    cores, _ = cores_of(dump)
+    message = message_time(dump, base, nbytes, cpu=True)
     keep = (train["step"][:n] > 0) & ~delayed(dump, train, n)
     if lookup(cfg.protocol.name).waits_for_update:  # a pull waits for the round: take those
         keep &= closers(dump, train, n)  # that did not (the learner whose push closed it)
@@ -91,8 +111,22 @@ def fit(dump: Dump, base: SimConfig) -> SimConfig:
     latency_cv = log_iqr_cv(pulls + overhead - trips - latency)
     values = asdict(base)
     values.update(compute=mean, compute_cv=cv, step_overhead=overhead, latency=latency,
-                  latency_cv=latency_cv, message_time=message, **ends(dump, train, n))
+                  latency_cv=latency_cv, message_time=message, cores=cores,
+                  **cpu_per_minibatch(dump), **ends(dump, train, n))
     return SimConfig(**values)
+
+
+def cpu_per_minibatch(dump: Dump) -> dict[str, float]:
+    """``cpu``: the learners' CPU seconds (``learners/cpu_time``) over their minibatches;
+    ``other_cpu``: the statistics server's (``stats_cpu_time``) over the same, 0 where the
+    dump does not record it."""
+    learners = dump.group("learners")
+    if not dump.rows("learners"):
+        return {"cpu": 0.0, "other_cpu": 0.0}
+    minibatches = max(int(np.sum(learners["minibatches"])), 1)
+    cpu = float(np.sum(learners["cpu_time"])) / minibatches
+    other = float(dump.attrs.get("stats_cpu_time", 0.0)) / minibatches
+    return {"cpu": cpu, "other_cpu": other}
 
 
 def closers(dump: Dump, train: dict, n: int) -> np.ndarray:
@@ -172,12 +206,17 @@ def model_bytes(dump: Dump) -> int:
     return size * dtype.itemsize
 
 
-def message_time(dump: Dump, base: SimConfig, nbytes: int) -> float:
-    """The shard's busy seconds per message, less the per-byte part of its pushes."""
+def message_time(dump: Dump, base: SimConfig, nbytes: int, cpu: bool = False) -> float:
+    """The shard's busy seconds per message, less the per-byte part of its pushes; with
+    ``cpu``, its CPU seconds (``servers/cpu_time``: what it takes of the shared cores; its wall
+    time busy is that stretched by the other ranks)."""
     servers = dump.group("servers")
     if not dump.rows("servers"):
         return base.message_time
-    busy = float(np.sum(servers["run_time"] - servers["wait_time"]))
+    if cpu:
+        busy = float(np.sum(servers["cpu_time"]))
+    else:
+        busy = float(np.sum(servers["run_time"] - servers["wait_time"]))
     pushes = dump.rows("gradients") + int(np.sum(servers["dropped_after_stop"]))
     messages = 2 * pushes + int(dump.attrs.get("n_learners", 0))
     busy -= base.update_per_byte * nbytes * pushes

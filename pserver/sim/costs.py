@@ -16,7 +16,11 @@ learners cost no generators) and a learner's compute times do not depend on the 
 * the shard: ``sim.message_time`` per message, plus ``sim.update_per_byte`` × the gradient's
   bytes per push, × ``inject.server_factor`` on the slow shard;
 * the data server: ``sim.data_time`` per minibatch, one at a time (a FIFO queue);
-* injected pull-reply delays and freezes: ``InjectPlan``'s own draws, the real run's.
+* injected pull-reply delays and freezes: ``InjectPlan``'s own draws, the real run's;
+* with ``sim.cores`` > 0, the node's cores (``pserver.sim.cores``): a learner's model compute
+  (not the emulated compute, which the trainer sleeps) and its step's CPU (:meth:`step_cpu`),
+  the shard's handling of a message and the statistics server's ``sim.other_cpu`` per ``train``
+  row are CPU jobs of one processor-sharing queue, stretched while more jobs than cores run.
 """
 
 from __future__ import annotations
@@ -45,13 +49,35 @@ class Costs:
 
     def compute(self, learner: int, step: int) -> float:
         """Seconds learner ``learner`` computes minibatch ``step`` (as the trainer times it)."""
+        return self.compute_cpu(learner, step) + self.compute_sleep(learner)
+
+    def compute_cpu(self, learner: int, step: int) -> float:
+        """The model's part of :meth:`compute`: CPU seconds, shared on ``sim.cores``."""
         s, plan = self.sim, self.plan
         model = s.compute
         if s.compute_cv > 0.0:
             model *= lognormal(s.compute_cv, COMPUTE_SALT, self.seed, learner, step)
         if learner == plan.slow_learner:
             model *= plan.learner_factor
-        return model + plan.compute_time_for(learner, self.batch)
+        return model
+
+    def compute_sleep(self, learner: int) -> float:
+        """The emulated part of :meth:`compute` (``[inject]``): the trainer sleeps it, the
+        cores idle."""
+        return self.plan.compute_time_for(learner, self.batch)
+
+    @property
+    def shared(self) -> bool:
+        """Whether the ranks share ``sim.cores`` processors (``pserver.sim.cores``)."""
+        return self.sim.cores > 0.0
+
+    def step_cpu(self) -> float:
+        """With ``sim.cores``: a learner's CPU seconds per step besides its compute, run after
+        the push: ``step_overhead`` and the rest of ``sim.cpu`` (the exchange's sends, receives
+        and polls)."""
+        s = self.sim
+        rest = max(s.cpu - s.compute - s.step_overhead, 0.0) if s.cpu > 0.0 else 0.0
+        return s.step_overhead + rest
 
     def message(self, payload: bool) -> float:
         """Seconds from send to arrival of a header, with the model's bytes when ``payload``."""

@@ -27,6 +27,7 @@ from pserver.plan.config import Config, pull_timestamp
 from pserver.protocols.partial_pull import PullRule
 from pserver.runtime.outdir import check_out_dir
 from pserver.runtime.rundir import DUMP_NAME, expand, point_latest, run_id
+from pserver.sim.cores import Cores, Serial
 from pserver.sim.costs import Costs
 from pserver.sim.learner import DataServer, SimLearner
 from pserver.sim.loop import make_loop
@@ -120,6 +121,7 @@ def simulate(cfg: Config, rid: str | None = None) -> Outcome:
                        p.pull_fraction, p.tau2)
             for k in range(n)
         ]  # fmt: skip
+        cores = share_cores(loop, cfg, shard)
         for learner in shard.learners:
             loop.after(cfg.sim.start_time, learner.start)
         loop.run()
@@ -128,14 +130,34 @@ def simulate(cfg: Config, rid: str | None = None) -> Outcome:
         wall = time.perf_counter() - started
         sim_time = loop.now + cfg.sim.end_time
         rss = peak_rss_mib()
+        shared = {} if cores is None else {"stats_cpu_time": cfg.sim.other_cpu * rows_of(shard)}
         writer.set_attrs(
             "/",
             finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             wall_time=sim_time,
+            **shared,
             simulated={"loop": cfg.sim.loop, "events": loop.events, "seconds": wall,
                        "peak_rss_mib": rss, "cost_model": asdict(cfg.sim)},
         )  # fmt: skip
     return Outcome(dump, sim_time, wall, loop.events, shard.block.ts, rss)
+
+
+def share_cores(loop: Any, cfg: Config, shard: SimShard) -> Cores | None:
+    """With ``sim.cores`` > 0: one processor-sharing queue (``pserver.sim.cores``) that every
+    learner, the shard and the statistics server run their CPU on; None (no cost) without."""
+    if cfg.sim.cores <= 0.0:
+        return None
+    cores = Cores(loop, cfg.sim.cores)
+    stats = Serial(cores) if cfg.sim.other_cpu > 0.0 else None
+    shard.cores = cores
+    for learner in shard.learners:
+        learner.cores, learner.stats = cores, stats
+    return cores
+
+
+def rows_of(shard: SimShard) -> int:
+    """The ``train`` rows the learners wrote (one per minibatch)."""
+    return sum(learner.steps for learner in shard.learners)
 
 
 def root_attrs(cfg: Config, n: int) -> dict[str, Any]:
@@ -149,6 +171,7 @@ def root_attrs(cfg: Config, n: int) -> dict[str, Any]:
         "pserver_version": __version__,
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
+        **({"cores": int(round(cfg.sim.cores))} if cfg.sim.cores > 0 else {}),
         "run_dir": cfg.run.out_dir,
         "simulated": json.dumps({"loop": cfg.sim.loop}),
     }

@@ -1,0 +1,114 @@
+"""The node's cores as a processor-sharing queue (pserver.sim.cores, ``sim.cores``): a job's
+wall time stretches by the jobs runnable per core, its rate changes when another starts or
+ends, nothing changes while there are cores enough; the fit recovers ``cores`` and the CPU per
+minibatch from a simulated dump; with ``sim.cores`` unset nothing of it runs. One process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pserver.dump.reader import load_dump
+from pserver.plan.config import SimConfig, load_config
+from pserver.sim.calibrate import calibrate, cores_of
+from pserver.sim.cores import Cores, Serial
+from pserver.sim.engine import simulate
+from pserver.sim.loop import HeapLoop
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = str(ROOT / "examples" / "quickstart.toml")
+
+
+def ends(cores: float, jobs: list[tuple[float, float]]) -> dict[int, float]:
+    """When each of ``jobs`` ((start, CPU s)) ends on ``cores`` processors."""
+    loop, out = HeapLoop(), {}
+    queue = Cores(loop, cores)
+    for i, (start, cpu) in enumerate(jobs):
+        loop.after(start, queue.run, cpu, lambda i=i: out.__setitem__(i, loop.now))
+    loop.run()
+    return out
+
+
+def test_two_jobs_on_one_core_take_twice_as_long():
+    assert ends(1, [(0.0, 1.0), (0.0, 1.0)]) == pytest.approx({0: 2.0, 1: 2.0})
+    assert ends(1, [(0.0, 1.0)]) == pytest.approx({0: 1.0})
+
+
+def test_a_jobs_rate_changes_when_another_starts_and_ends():
+    # job 0 alone for 1 s (1 CPU s), shared with job 1 from t = 1 (each at 1/2): job 1's
+    # 0.5 CPU s end at t = 2, when job 0 has 1.5; its last 0.5 alone again: t = 2.5
+    assert ends(1, [(0.0, 2.0), (1.0, 0.5)]) == pytest.approx({0: 2.5, 1: 2.0})
+    # three jobs on two cores run at 2/3 each until the short one ends
+    got = ends(2, [(0.0, 1.0), (0.0, 1.0), (0.0, 2.0 / 3.0)])
+    assert got[2] == pytest.approx(1.0)  # 2/3 CPU s at 2/3
+    assert got[0] == got[1] == pytest.approx(1.0 + 1.0 / 3.0)  # then the last 1/3 at full rate
+
+
+def test_with_cores_enough_nothing_changes():
+    jobs = [(0.0, 1.0), (0.2, 0.3), (0.4, 2.0), (0.5, 0.1)]
+    want = {i: start + cpu for i, (start, cpu) in enumerate(jobs)}
+    assert ends(4, jobs) == pytest.approx(want)
+    assert ends(3, jobs) == pytest.approx(want)  # at most 3 run at once
+
+
+def test_a_serial_rank_runs_its_jobs_one_at_a_time():
+    loop = HeapLoop()
+    queue = Cores(loop, 4)
+    stats = Serial(queue)
+    for _ in range(3):
+        stats.submit(0.5)
+    loop.run()
+    assert loop.now == pytest.approx(1.5)  # not 0.5: one rank, however many cores
+
+
+def test_a_bad_core_count_is_refused():
+    with pytest.raises(ValueError):
+        Cores(HeapLoop(), 0)
+
+
+def sim(tmp_path: Path, *overrides: str, name: str = "run"):
+    cfg = load_config(QUICK, [f"run.out_dir={tmp_path / name}", "run.epochs=2",
+                              "cluster.learners=4", "sim.compute_cv=0.5",
+                              "protocol.name=async", "inject.compute_time=0.01", *overrides])
+    return simulate(cfg)
+
+
+def test_sharing_cores_slows_a_cpu_bound_run_and_leaves_a_roomy_one_alone(tmp_path):
+    keys = ["cluster.learners=16", "sim.compute=0.005", "sim.cpu=0.006"]
+    alone = sim(tmp_path, *keys, name="alone")
+    roomy = sim(tmp_path, *keys, "sim.cores=64", name="roomy")
+    tight = sim(tmp_path, *keys, "sim.cores=1", name="tight")
+    # 16 learners' 6 ms of CPU per ~16 ms step need ~6 cores: one core is the bottleneck
+    assert tight.sim_time > 2.5 * alone.sim_time
+    assert roomy.sim_time == pytest.approx(alone.sim_time, rel=0.15)  # the rest CPU adds 1 ms
+
+
+def test_the_fit_recovers_cores_and_the_cpu_per_minibatch(tmp_path):
+    known = {"cores": 3.0, "cpu": 0.002, "other_cpu": 2e-4}
+    # (compute is fitted from the train rows' wall times: stretched where the cores are shared)
+    out = sim(tmp_path, *(f"sim.{k}={v}" for k, v in known.items()), "sim.compute=0.001",
+              "cluster.learners=8")
+    dump = load_dump(out.dump)
+    assert cores_of(dump) == (3.0, None)
+    fitted = calibrate(out.dump.parent, SimConfig())
+    for key, value in known.items():
+        assert getattr(fitted, key) == pytest.approx(value, rel=0.1), key
+
+
+def test_a_dump_without_cores_falls_back_to_this_machine(tmp_path, capsys):
+    out = sim(tmp_path)  # sim.cores unset: the dump records none
+    dump = load_dump(out.dump)
+    assert "cores" not in dump.attrs
+    cores, note = cores_of(dump)
+    assert cores >= 1 and note and "this machine" in note
+    calibrate(out.dump.parent)
+    assert "does not record its node's cores" in capsys.readouterr().err
+
+
+def test_without_cores_no_queue_is_built(tmp_path, monkeypatch):
+    def refuse(*_a, **_k):
+        raise AssertionError("Cores built with sim.cores unset")
+
+    monkeypatch.setattr("pserver.sim.engine.Cores", refuse)
+    sim(tmp_path)
