@@ -215,6 +215,7 @@ class SimConfig:
     cores: float = 0.0
     cpu: float = 0.0  # CPU s of a learner per minibatch in all (with cores; 0: its compute)
     other_cpu: float = 0.0  # CPU s of the statistics server per minibatch (with cores)
+    polls: bool = False  # waits poll with comm.poll_min..poll_max back-off (pserver.sim.costs)
 
 
 @dataclass

@@ -44,7 +44,7 @@ class SimLearner:
         "index", "loop", "costs", "rows", "shard", "data", "partial", "rule", "have", "steps",
         "stopped", "asked", "pull_since", "ready_at", "inbox", "next_batch", "compute_time",
         "pull_time", "compute_now", "finished_at", "batch", "pulling", "train", "freezes",
-        "cores", "stats", "cpu_used", "began",
+        "cores", "stats", "cpu_used", "began", "wait_since",
     )  # fmt: skip
 
     def __init__(
@@ -74,6 +74,7 @@ class SimLearner:
         self.stats: Serial | None = None  # and the statistics server's CPU on them
         self.cpu_used = 0.0  # CPU s of this learner (its learners row's cpu_time)
         self.began = 0.0  # when the compute in progress began (after the fetch)
+        self.wait_since = 0.0  # when the wait in progress began (the pull, or a pull asked again)
 
     def start(self) -> None:
         self.next_batch = self.data.request(self.loop.now)
@@ -147,7 +148,7 @@ class SimLearner:
 
     def pull(self) -> None:
         self.pulling = True
-        self.pull_since = self.loop.now
+        self.pull_since = self.wait_since = self.loop.now
         self.partial.start(self.loop.now, {0: self.rule.oldest(self.have)})
         inbox, self.inbox = self.inbox, []
         for kind, ts in inbox:
@@ -158,6 +159,15 @@ class SimLearner:
         if not self.pulling:  # landed during a freeze: read when the pull begins
             self.inbox.append((kind, ts))
             return
+        if self.costs.poll is not None:  # sim.polls: seen at the wait's next test
+            waited = self.loop.now - self.wait_since
+            late = self.costs.seen(waited) - waited
+            if late > 0.0:
+                self.loop.after(late, self.on_seen, kind, ts)
+                return
+        self.on_seen(kind, ts)
+
+    def on_seen(self, kind: Reply, ts: int) -> None:
         self.take(kind, ts)
         self.check_done()
 
@@ -180,6 +190,7 @@ class SimLearner:
 
     def ask(self) -> None:
         self.asked = True
+        self.wait_since = self.loop.now
         self.loop.after(self.costs.message(False), self.shard.arrive, PULL, self.index,
                         self.have, self.rule.oldest(self.have))
 

@@ -62,6 +62,7 @@ class SimShard:
         self.busy_wall = 0.0  # wall s serving them (more than busy_time on shared cores)
         self.served_since = 0.0
         self.cores: Any = None  # sim.cores: the node's processors (pserver.sim.cores), or None
+        self.idle_since = 0.0  # when its queue last ran empty (sim.polls: its wait began)
         self.grads = rows.table("gradients", "shard", "learner", "timestamp", "staleness",
                                 "update", "time")
         self.sigmas = rows.table("staleness", "learner", "owner", "version", "staleness", "time")
@@ -78,7 +79,7 @@ class SimShard:
         accepts)`` or ``(BYE, k, -1, None)``."""
         self.queue.append((kind, learner, ts, extra))
         if not self.busy:
-            self.serve_next()
+            self.wake()
 
     def push_and_pull(self, learner: int, ts: int, iteration: int | None, accepts: int) -> None:
         """A learner's push and the pull request it sends right behind it (``PSExchange.push``):
@@ -86,7 +87,19 @@ class SimShard:
         self.queue.append((PUSH, learner, ts, iteration))
         self.queue.append((PULL, learner, ts, accepts))
         if not self.busy:
-            self.serve_next()
+            self.wake()
+
+    def wake(self) -> None:
+        """A message reached the idle shard: served now, or with ``sim.polls`` at the next test
+        of its wait (the messages that come meanwhile queue behind it)."""
+        if self.costs.poll is not None:
+            waited = self.loop.now - self.idle_since
+            late = self.costs.seen(waited) - waited
+            if late > 0.0:
+                self.busy = True
+                self.loop.after(late, self.serve_next)
+                return
+        self.serve_next()
 
     def serve_next(self) -> None:
         msg = self.queue.popleft()
@@ -108,6 +121,8 @@ class SimShard:
         self.busy = False
         if self.queue:
             self.serve_next()
+        else:
+            self.idle_since = self.loop.now
 
     # -- pushes (ServerShard.take_gradient, update, after_update) ------------------------------
 
