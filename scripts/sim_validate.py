@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reuse", action="store_true", help="take the real runs already in --out")
     p.add_argument("--sim-set", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
                    help="extra overrides for the simulations only, e.g. sim.polls=false")
+    p.add_argument("--sim-name", default="sim", help="the simulations' folders: NAME{λ}")
     args = parse(p, argv)
     if args.acceptance:
         args.strategies, args.lambdas, args.calibrate_at = ["async"], [16], 8
@@ -165,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             runs += [figures(real(launcher, args, work / name / f"real{n}.{i}", name, n,
                                   keys(n))) for i in range(1, args.repeats)]
             r = median_of(runs)
-            s = figures(simulated(work / name / f"sim{n}", keys(n), fit_from, args.sim_set))
+            s_dir = work / name / f"{args.sim_name}{n}"
+            s = figures(simulated(s_dir, keys(n), fit_from, args.sim_set))
             cells, misses = row(name, n, r, s)
             cells.append(" ".join(spread(a, runs[0]) for a in runs[1:]) or "-")
             rows.append(cells)

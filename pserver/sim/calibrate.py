@@ -4,28 +4,37 @@ What the dump measures and what is taken from it (docs/simulation.md, *Calibrati
 
 * ``compute``, ``compute_cv``: the ``train`` rows' ``compute_time``, less the emulated compute
   the run's ``[inject]`` added (``InjectPlan.compute_time_for``, which the simulation adds
-  back from its own config), over the learners that were not the injected straggler;
+  back from its own config), over the learners that were not the injected straggler: the mean,
+  at most the learner's CPU per minibatch less ``step_overhead`` (on shared cores the wall time
+  of a compute is its CPU stretched, and the simulation stretches it itself), and the spread of
+  each over the moving median of its neighbours in time (:func:`individual`: the part of the
+  spread that is the learner's own), fitted by quantiles (:func:`log_iqr_cv`);
 * ``step_overhead``: per learner, the time between two consecutive ``train`` rows less the
   second row's compute and waits (the median, so a pause of the machine does not count);
-* ``message_time``: the shard's busy time (``servers``: ``run_time − wait_time``) over the
-  messages it handled (a push and a pull per gradient, a goodbye per learner), less the
-  per-byte part of the pushes;
+* ``message_time``: the shard's CPU time (``servers/cpu_time``) over the messages it handled
+  (a push and a pull per gradient, a goodbye per learner), less the per-byte part of the
+  pushes;
 * ``latency``, ``latency_cv``: from the pulls (after a learner's first step, without those
   an ``[inject]`` delay held, which the simulation draws itself): a pull waits
   for the push's trip, the shard's handling of the push and the pull and the reply's trip,
   with the model's bytes each way, less the step's overhead, which runs before the pull is
   timed (under hardsync and psp only the pulls after the push that closed a round, which
   waited for no other learner); the mean of the pulls gives ``latency``, the interquartile
-  range of the log of what a pull waited beyond the push's trip the reply's ``latency_cv``
-  (:func:`log_iqr_cv`). On a
+  range of the log of what a pull waited beyond the push's trip (over its neighbours' moving
+  median, :func:`individual`) the reply's ``latency_cv`` (:func:`log_iqr_cv`). On a
   machine with more ranks than cores these are mostly the operating system's wake-ups;
+* ``cores``: the run's ``cores`` attribute (the cores of the statistics server's node), else
+  this machine's ``os.cpu_count()`` with a note on stderr; ``cpu``: the learners' CPU seconds
+  (``learners/cpu_time``) per minibatch; ``other_cpu``: the statistics server's
+  (``stats_cpu_time``) per minibatch, 0 where not recorded;
 * ``start_time``: the median over learners of when their first minibatch began (its row's
   time less its compute and waits); ``end_time``: ``wall_time`` less the last ``train`` row's
   time (the last test and the dump).
 
 One run of one model size cannot tell latency from bandwidth, nor per-message from per-byte
 shard time: ``bandwidth`` and ``update_per_byte`` are kept from the config given (their
-defaults), and the fit is of the rest given them. ``loop`` and ``data_time`` are not fitted
+defaults), and the fit is of the rest given them. ``loop``, ``polls`` and ``data_time`` are
+not fitted
 (the dump has no data-server timings; ``data_time = 0`` means the data server never held a
 learner up, which the fetch waits of the dump show when it is so).
 """
@@ -46,6 +55,7 @@ from pserver.plan.inject import InjectPlan
 from pserver.strategies import lookup
 
 #: the keys a fit sets (the others keep the config's values)
+MIN_WINDOW, MAX_WINDOW = 32, 256  # rows of individual()'s moving median
 FITTED = ("compute", "compute_cv", "step_overhead", "latency", "latency_cv", "message_time",
           "start_time", "end_time", "cores", "cpu", "other_cpu")
 
@@ -94,7 +104,8 @@ def fit(dump: Dump, base: SimConfig) -> SimConfig:
     emulated = plan.compute_time_for(-2, cfg.data.batch_size)  # a learner that is not slow
     compute = train["compute_time"][:n][normal] - emulated
     mean = float(max(np.mean(compute), 0.0))
-    cv = float(np.std(compute) / mean) if mean > 0 else 0.0
+    window = shared_window(int(dump.attrs.get("n_learners", 1)))
+    cv = log_iqr_cv(individual(compute, train["time"][:n][normal], window))
     overhead = step_overhead(train, n)
     nbytes = model_bytes(dump)
     cores, _ = cores_of(dump)
@@ -103,16 +114,20 @@ def fit(dump: Dump, base: SimConfig) -> SimConfig:
     if lookup(cfg.protocol.name).waits_for_update:  # a pull waits for the round: take those
         keep &= closers(dump, train, n)  # that did not (the learner whose push closed it)
     pulls = train["pull_time"][:n][keep]
+    pull_times = train["time"][:n][keep]
     trips = 2 * nbytes / base.bandwidth + 2 * message + base.update_per_byte * nbytes
     mean_pull = float(np.mean(pulls)) if len(pulls) else 0.0
     # the step's overhead runs while the push travels: the pull is timed after it
     latency = max((mean_pull + overhead - trips) / 2.0, 0.0)
     # the spread goes on the reply's trip: what a pull waited beyond the push's trip
-    latency_cv = log_iqr_cv(pulls + overhead - trips - latency)
+    latency_cv = log_iqr_cv(individual(pulls + overhead - trips - latency, pull_times, window))
+    per = cpu_per_minibatch(dump)
+    if per["cpu"] > 0.0:  # the compute is CPU on the shared cores: at most the learner's CPU
+        mean = min(mean, max(per["cpu"] - overhead, 0.0))  # (its wall time is stretched)
     values = asdict(base)
     values.update(compute=mean, compute_cv=cv, step_overhead=overhead, latency=latency,
                   latency_cv=latency_cv, message_time=message, cores=cores,
-                  **cpu_per_minibatch(dump), **ends(dump, train, n))
+                  **per, **ends(dump, train, n))
     return SimConfig(**values)
 
 
@@ -127,6 +142,36 @@ def cpu_per_minibatch(dump: Dump) -> dict[str, float]:
     cpu = float(np.sum(learners["cpu_time"])) / minibatches
     other = float(dump.attrs.get("stats_cpu_time", 0.0)) / minibatches
     return {"cpu": cpu, "other_cpu": other}
+
+
+def shared_window(n_learners: int) -> int:
+    """Rows of the moving median that :func:`individual` divides by: two per learner (about
+    two steps of the whole job), within ``MIN_WINDOW`` … ``MAX_WINDOW`` (its memory is rows ×
+    window)."""
+    return min(max(2 * n_learners, MIN_WINDOW), MAX_WINDOW)
+
+
+def individual(x: np.ndarray, t: np.ndarray, window: int) -> np.ndarray:
+    """``x`` (a duration per row, rows at times ``t``) over the moving median of the
+    ``window`` rows nearest in time: the part of its spread that is a learner's own.
+
+    On a node whose ranks share the cores, a long compute or reply is mostly the whole node
+    slow at that moment (another job, the shard and every learner descheduled together): the
+    durations of all learners rise and fall together. Drawn per learner and step, that shared
+    part would make one learner slow while the others are not, a larger staleness tail and a
+    later last arrival of a round than the real runs show; the processor-sharing queue of
+    ``sim.cores`` makes the shared slow-downs itself. Hence the lognormal spreads are fitted
+    to what is left: each duration over the median of its neighbours in time."""
+    if len(x) < 4 or window < 2:
+        return x
+    order = np.argsort(t, kind="stable")
+    xs = x[order]
+    w = min(window, len(xs))
+    pad = np.pad(xs, (w // 2, w - 1 - w // 2), mode="edge")
+    med = np.median(np.lib.stride_tricks.sliding_window_view(pad, w), axis=1)
+    out = np.empty_like(x, dtype=np.float64)
+    out[order] = np.where(med > 0, xs / np.where(med > 0, med, 1.0), 0.0)
+    return out * float(np.median(x))  # the scale back (log_iqr_cv reads only the spread)
 
 
 def closers(dump: Dump, train: dict, n: int) -> np.ndarray:
