@@ -120,7 +120,8 @@ def fit(dump: Dump, base: SimConfig) -> SimConfig:
     # the step's overhead runs while the push travels: the pull is timed after it
     latency = max((mean_pull + overhead - trips) / 2.0, 0.0)
     # the spread goes on the reply's trip: what a pull waited beyond the push's trip
-    latency_cv = log_iqr_cv(individual(pulls + overhead - trips - latency, pull_times, window))
+    own = individual(pulls, pull_times, window) if len(pulls) else pulls
+    latency_cv = log_iqr_cv(own + overhead - trips - latency)
     per = cpu_per_minibatch(dump)
     if per["cpu"] > 0.0:  # the compute is CPU on the shared cores: at most the learner's CPU
         mean = min(mean, max(per["cpu"] - overhead, 0.0))  # (its wall time is stretched)
