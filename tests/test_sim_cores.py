@@ -13,6 +13,7 @@ from pserver.dump.reader import load_dump
 from pserver.plan.config import SimConfig, load_config
 from pserver.sim.calibrate import calibrate, cores_of
 from pserver.sim.cores import Cores, Serial
+from pserver.sim.costs import BACKOFF, noticed
 from pserver.sim.engine import simulate
 from pserver.sim.loop import HeapLoop
 
@@ -112,3 +113,21 @@ def test_without_cores_no_queue_is_built(tmp_path, monkeypatch):
 
     monkeypatch.setattr("pserver.sim.engine.Cores", refuse)
     sim(tmp_path)
+
+
+def test_a_wait_sees_a_message_at_its_next_poll():
+    lo, hi = 1e-5, 1e-3
+    assert noticed(0.0, lo, hi) == 0.0
+    assert noticed(3.5e-5, lo, hi) == pytest.approx(4e-5)  # sleeps of lo first
+    for arrival in (1e-4, 7e-4, 3e-3, 7.9e-3):  # then each sleep 1/8 of the time waited
+        assert arrival <= noticed(arrival, lo, hi) <= arrival * (1 + BACKOFF) + 1e-12
+    for arrival in (9e-3, 0.05, 1.0):  # then sleeps of hi
+        assert arrival <= noticed(arrival, lo, hi) <= arrival + hi + 1e-12
+
+
+def test_polls_make_long_waits_later(tmp_path):
+    keys = ["protocol.name=hardsync", "cluster.learners=8", "sim.cores=2"]
+    plain = sim(tmp_path, *keys, name="plain")
+    polled = sim(tmp_path, *keys, "sim.polls=true", name="polled")
+    assert polled.sim_time > plain.sim_time  # every round's replies seen after a sleep
+    assert polled.updates == plain.updates
