@@ -306,6 +306,7 @@ ROOT_ATTRS: dict[str, str] = {
     "finished": "string",
     "wall_time": "float",
     "stats_cpu_time": "float",
+    "node_cpu_time": "float",
     "dropped_records": "string (JSON)",
     "dropped_records_total": "int",
     "data_scale": "string (JSON)",

@@ -15,6 +15,7 @@ dump stays as it was at its last complete flush (see ``pserver.dump.writer``).
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import time
@@ -54,6 +55,7 @@ class StatsServer:
         self.tested: set[int] = set()
         self.skipped: set[int] = set()
         resume = ctx.resume
+        self.node_cpu0, self.cpu0 = node_cpu_seconds(), time.process_time()
         attrs = self.attrs()
         if resume is not None and resume.continued:  # a periodic pause: the same job goes on
             for key in ("started", "restarts"):
@@ -158,7 +160,8 @@ class StatsServer:
             "/",
             finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             wall_time=self.ctx.now(),
-            stats_cpu_time=time.process_time(),
+            stats_cpu_time=time.process_time() - self.cpu0,
+            **node_cpu_attr(self.node_cpu0),
         )
         self.rows = self.writer.rows()
 
@@ -324,3 +327,23 @@ class StatsServer:
         msg.Recv(self.hbuf[0])
         self.ctx.peers.note(source, Header.unpack(self.hbuf[0]))
         self.live.discard(source)
+
+
+def node_cpu_seconds() -> float | None:
+    """CPU seconds the node's cores have been busy since boot (``/proc/stat``: all but idle
+    and iowait), for ``node_cpu_time``; None where there is no ``/proc/stat``."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:8]]
+        return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def node_cpu_attr(start: float | None) -> dict[str, float]:
+    """``node_cpu_time``: the node's busy CPU seconds over the run, every process's (this
+    job's and any other's): ``pserver-sim --calibrate`` takes this job's own from it to find
+    the cores other jobs held (docs/stats.md)."""
+    end = node_cpu_seconds()
+    return {} if start is None or end is None else {"node_cpu_time": end - start}
+

@@ -24,7 +24,8 @@ What the dump measures and what is taken from it (docs/simulation.md, *Calibrati
   median, :func:`individual`) the reply's ``latency_cv`` (:func:`log_iqr_cv`). On a
   machine with more ranks than cores these are mostly the operating system's wake-ups;
 * ``cores``: the run's ``cores`` attribute (the cores of the statistics server's node), else
-  this machine's ``os.cpu_count()`` with a note on stderr; ``cpu``: the learners' CPU seconds
+  this machine's ``os.cpu_count()`` with a note on stderr, less the cores other jobs held
+  (:func:`cores_of`); ``cpu``: the learners' CPU seconds
   (``learners/cpu_time``) per minibatch; ``other_cpu``: the statistics server's
   (``stats_cpu_time``) per minibatch, 0 where not recorded;
 * ``start_time``: the median over learners of when their first minibatch began (its row's
@@ -54,8 +55,9 @@ from pserver.plan.config import SimConfig, build
 from pserver.plan.inject import InjectPlan
 from pserver.strategies import lookup
 
-#: the keys a fit sets (the others keep the config's values)
 MIN_WINDOW, MAX_WINDOW = 32, 256  # rows of individual()'s moving median
+MAX_HELD = 0.9  # of the node's cores, at most, taken as held by other jobs
+#: the keys a fit sets (the others keep the config's values)
 FITTED = ("compute", "compute_cv", "step_overhead", "latency", "latency_cv", "message_time",
           "start_time", "end_time", "cores", "cpu", "other_cpu")
 
@@ -77,15 +79,39 @@ def calibrate(run: str | Path, base: SimConfig | None = None) -> SimConfig:
 
 
 def cores_of(dump: Dump) -> tuple[float, str | None]:
-    """The cores the run's ranks shared: its ``cores`` attribute (the statistics server's
-    node), else this machine's count, with a note saying so (a dump older than the attribute,
-    or one not from one node)."""
+    """The cores the run's ranks had: its ``cores`` attribute (the statistics server's node),
+    else this machine's count, with a note saying so (a dump older than the attribute, or one
+    not from one node); less the cores other jobs held, where the dump records the node's busy
+    CPU (``node_cpu_time``): that less this job's own CPU (learners, shards, statistics
+    server), over the run's wall time, at most ``MAX_HELD`` of the cores."""
     recorded = dump.attrs.get("cores")
     if recorded:
-        return float(recorded), None
-    here = os.cpu_count() or 1
-    return float(here), (f"note: {dump.path} does not record its node's cores; sim.cores = "
-                         f"{here}, this machine's count")
+        cores, note = float(recorded), None
+    else:
+        cores = float(os.cpu_count() or 1)
+        note = (f"note: {dump.path} does not record its node's cores; sim.cores = "
+                f"{cores:g}, this machine's count")
+    held = held_by_others(dump)
+    if held > 0.0:
+        held = min(held, MAX_HELD * cores)
+        cores -= held
+        note = ((note + "; ") if note else "note: ") + (
+            f"other jobs held {held:.2f} of the node's cores during the run: sim.cores = "
+            f"{cores:.2f}")
+    return cores, note
+
+
+def held_by_others(dump: Dump) -> float:
+    """Cores other jobs held on average over the run (0 where the dump cannot tell)."""
+    node = dump.attrs.get("node_cpu_time")
+    wall = float(dump.attrs.get("wall_time", 0.0) or 0.0)
+    if node is None or wall <= 0.0:
+        return 0.0
+    own = float(dump.attrs.get("stats_cpu_time", 0.0))
+    for group in ("learners", "servers"):
+        if dump.rows(group):
+            own += float(np.sum(dump.group(group)["cpu_time"]))
+    return max((float(node) - own) / wall, 0.0)
 
 
 def fit(dump: Dump, base: SimConfig) -> SimConfig:
