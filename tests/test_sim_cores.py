@@ -131,3 +131,21 @@ def test_polls_make_long_waits_later(tmp_path):
     polled = sim(tmp_path, *keys, "sim.polls=true", name="polled")
     assert polled.sim_time > plain.sim_time  # every round's replies seen after a sleep
     assert polled.updates == plain.updates
+
+
+def test_the_cores_other_jobs_held_come_off(tmp_path):
+    import h5py
+
+    out = sim(tmp_path, "sim.cores=2", "sim.cpu=0.002", "sim.other_cpu=1e-4")
+    dump = load_dump(out.dump)
+    own = (dump.attrs["stats_cpu_time"] + float(dump.group("learners")["cpu_time"].sum())
+           + float(dump.group("servers")["cpu_time"].sum()))
+    wall = dump.attrs["wall_time"]
+    with h5py.File(out.dump, "a") as f:  # the node busy 0.75 of a core more than the job
+        f.attrs["node_cpu_time"] = own + 0.75 * wall
+    cores, note = cores_of(load_dump(out.dump))
+    assert cores == pytest.approx(1.25)
+    assert "other jobs held 0.75" in note
+    with h5py.File(out.dump, "a") as f:  # never below a tenth of the node
+        f.attrs["node_cpu_time"] = own + 5 * wall
+    assert cores_of(load_dump(out.dump))[0] == pytest.approx(0.2)
