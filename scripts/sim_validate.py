@@ -29,7 +29,7 @@ from pathlib import Path
 from benchlib import ROOT, Launcher, bench_parser, parse, pserver_run, table
 
 from pserver.dump.reader import load_dump, summarize
-from pserver.plan.config import load_config
+from pserver.plan.config import SimConfig, load_config
 from pserver.sim.calibrate import calibrate, overrides_of
 from pserver.sim.engine import SIMULATED, simulate
 
@@ -70,8 +70,7 @@ def real(launcher: Launcher, args: argparse.Namespace, out: Path, name: str, n: 
     return out
 
 
-def simulated(out: Path, keys: list[str], fit_from: Path, extra: list[str]) -> Path:
-    fitted = calibrate(fit_from)
+def simulated(out: Path, keys: list[str], fitted: SimConfig, extra: list[str]) -> Path:
     simulate(load_config(str(CONFIG), [*overrides_of(fitted), f"run.out_dir={out}",
                                        "run.overwrite=true", *keys, *extra]))
     return out
@@ -159,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
 
         at = args.calibrate_at
         fit_from = real(launcher, args, work / name / f"real{at}", name, at, keys(at))
+        fitted = calibrate(fit_from)  # as pserver-sim --calibrate does
         for n in lambdas if args.lambdas is None else [x for x in lambdas if x in args.lambdas]:
             first = work / name / f"real{n}"
             runs = [figures(fit_from if n == at else real(launcher, args, first, name, n,
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                                   keys(n))) for i in range(1, args.repeats)]
             r = median_of(runs)
             s_dir = work / name / f"{args.sim_name}{n}"
-            s = figures(simulated(s_dir, keys(n), fit_from, args.sim_set))
+            s = figures(simulated(s_dir, keys(n), fitted, args.sim_set))
             cells, misses = row(name, n, r, s)
             cells.append(" ".join(spread(a, runs[0]) for a in runs[1:]) or "-")
             rows.append(cells)

@@ -44,12 +44,13 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import asdict, fields
+import tempfile
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import numpy as np
 
-from pserver.dump.reader import Dump, load_dump
+from pserver.dump.reader import Dump, load_dump, summarize
 from pserver.errors import ConfigError
 from pserver.plan.config import SimConfig, build
 from pserver.plan.inject import InjectPlan
@@ -57,6 +58,8 @@ from pserver.strategies import lookup
 
 MIN_WINDOW, MAX_WINDOW = 32, 256  # rows of individual()'s moving median
 MAX_HELD = 0.9  # of the node's cores, at most, taken as held by other jobs
+RATE_TOLERANCE = 0.05  # match_rate: a simulation of the calibration run this much slower
+MATCH_STEPS = 7  # and the bisection's steps (the factor within 1/128)
 #: the keys a fit sets (the others keep the config's values)
 FITTED = ("compute", "compute_cv", "step_overhead", "latency", "latency_cv", "message_time",
           "start_time", "end_time", "cores", "cpu", "other_cpu")
@@ -75,7 +78,48 @@ def calibrate(run: str | Path, base: SimConfig | None = None) -> SimConfig:
     _, note = cores_of(dump)
     if note:
         print(note, file=sys.stderr)
-    return fit(dump, base or SimConfig())
+    return match_rate(dump, fit(dump, base or SimConfig()))
+
+
+def match_rate(dump: Dump, sim: SimConfig) -> SimConfig:
+    """``sim`` with its ``latency`` scaled down so that a simulation of the calibration run
+    itself gives its samples/s, where with the fit as it is that simulation is more than
+    ``RATE_TOLERANCE`` slower (else ``sim`` unchanged).
+
+    On shared cores the pulls the latency is fitted from waited for a core as well as for the
+    messages, and the processor-sharing queue of ``sim.cores`` makes that wait again: the fit
+    would count it twice. Only the part of the latency the queue does not already make is kept
+    (bisection on a factor of 0 … 1, ``MATCH_STEPS`` simulations of the run)."""
+    if sim.cores <= 0.0:
+        return sim
+    target = summarize(dump).get("samples_per_s")
+    if not target:
+        return sim
+
+    def rate(factor: float) -> float:
+        return simulated_rate(dump, replace(sim, latency=sim.latency * factor))
+
+    if rate(1.0) >= target * (1.0 - RATE_TOLERANCE):
+        return sim
+    lo, hi = 0.0, 1.0  # rate(lo) is the fastest the latency can make it
+    if rate(lo) <= target:
+        return replace(sim, latency=0.0)
+    for _ in range(MATCH_STEPS):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if rate(mid) > target else (lo, mid)
+    return replace(sim, latency=sim.latency * (lo + hi) / 2.0)
+
+
+def simulated_rate(dump: Dump, sim: SimConfig) -> float:
+    """samples/s of a simulation of the run of ``dump`` with the cost model ``sim``."""
+    from pserver.sim.engine import simulate  # the engine does not import this module
+
+    cfg = build(dump.config)
+    cfg.sim = sim
+    with tempfile.TemporaryDirectory(prefix="pserver-sim-fit-") as tmp:
+        cfg.run.out_dir, cfg.run.overwrite = str(Path(tmp) / "run"), True
+        out = simulate(cfg)
+        return float(summarize(load_dump(out.dump)).get("samples_per_s") or 0.0)
 
 
 def cores_of(dump: Dump) -> tuple[float, str | None]:
@@ -137,8 +181,10 @@ def fit(dump: Dump, base: SimConfig) -> SimConfig:
     cores, _ = cores_of(dump)
     message = message_time(dump, base, nbytes, cpu=True)
     keep = (train["step"][:n] > 0) & ~delayed(dump, train, n)
-    if lookup(cfg.protocol.name).waits_for_update:  # a pull waits for the round: take those
-        keep &= closers(dump, train, n)  # that did not (the learner whose push closed it)
+    rounds = lookup(cfg.protocol.name).waits_for_update
+    if rounds:  # a pull waits for the round: take those that did not (the learner whose push
+        spread_of = round_lags(dump, train, n, keep)  # closed it); the spread: all of them
+        keep &= closers(dump, train, n)
     pulls = train["pull_time"][:n][keep]
     pull_times = train["time"][:n][keep]
     trips = 2 * nbytes / base.bandwidth + 2 * message + base.update_per_byte * nbytes
@@ -146,8 +192,11 @@ def fit(dump: Dump, base: SimConfig) -> SimConfig:
     # the step's overhead runs while the push travels: the pull is timed after it
     latency = max((mean_pull + overhead - trips) / 2.0, 0.0)
     # the spread goes on the reply's trip: what a pull waited beyond the push's trip
-    own = individual(pulls, pull_times, window) if len(pulls) else pulls
-    latency_cv = log_iqr_cv(own + overhead - trips - latency)
+    if rounds and spread_of is not None:
+        latency_cv = log_iqr_cv(spread_of)
+    else:
+        own = individual(pulls, pull_times, window) if len(pulls) else pulls
+        latency_cv = log_iqr_cv(own + overhead - trips - latency)
     per = cpu_per_minibatch(dump)
     if per["cpu"] > 0.0:  # the compute is CPU on the shared cores: at most the learner's CPU
         mean = min(mean, max(per["cpu"] - overhead, 0.0))  # (its wall time is stretched)
@@ -199,6 +248,34 @@ def individual(x: np.ndarray, t: np.ndarray, window: int) -> np.ndarray:
     out = np.empty_like(x, dtype=np.float64)
     out[order] = np.where(med > 0, xs / np.where(med > 0, med, 1.0), 0.0)
     return out * float(np.median(x))  # the scale back (log_iqr_cv reads only the spread)
+
+
+def round_lags(dump: Dump, train: dict, n: int, keep: np.ndarray) -> np.ndarray | None:
+    """Under a strategy whose pulls wait for an update: each kept row's pull end less the time
+    of the last update before it (when the reply left, at the latest), over the median of
+    those of the same update. The replies of one round leave together; how far apart the
+    learners see them is each one's own share of the reply's latency (a whole node slow at that
+    moment moves them all), which the closers' pulls alone, one per round, cannot tell from the
+    rounds' differences. None where there are too few."""
+    m = dump.rows("updates")
+    if m < 2:
+        return None
+    ut = np.sort(dump.group("updates")["time"][:m])
+    t, c = train["time"][:n], train["compute_time"][:n]
+    fetch = train["wait_time"][:n] - train["pull_time"][:n] - train["push_time"][:n]
+    end = (t - c - np.maximum(fetch, 0.0))[keep]
+    which = np.searchsorted(ut, end, side="right") - 1
+    ok = which >= 0
+    lag, which = end[ok] - ut[which[ok]], which[ok]
+    if len(lag) < 8:
+        return None
+    order = np.argsort(which, kind="stable")
+    lag, which = lag[order], which[order]
+    starts = np.flatnonzero(np.r_[True, which[1:] != which[:-1]])
+    med = np.repeat(np.array([np.median(g) for g in np.split(lag, starts[1:])]),
+                    np.diff(np.r_[starts, len(lag)]))
+    good = med > 0
+    return lag[good] / med[good] * float(np.median(lag[good])) if good.any() else None
 
 
 def closers(dump: Dump, train: dict, n: int) -> np.ndarray:
