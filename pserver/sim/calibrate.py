@@ -183,7 +183,7 @@ def fit(dump: Dump, base: SimConfig) -> SimConfig:
     keep = (train["step"][:n] > 0) & ~delayed(dump, train, n)
     rounds = lookup(cfg.protocol.name).waits_for_update
     if rounds:  # a pull waits for the round: take those that did not (the learner whose push
-        spread_of = round_lags(dump, train, n, keep)  # closed it); the spread: all of them
+        spread_of = round_lags_cv(dump, train, n, keep)  # closed it); the spread: all of them
         keep &= closers(dump, train, n)
     pulls = train["pull_time"][:n][keep]
     pull_times = train["time"][:n][keep]
@@ -193,7 +193,7 @@ def fit(dump: Dump, base: SimConfig) -> SimConfig:
     latency = max((mean_pull + overhead - trips) / 2.0, 0.0)
     # the spread goes on the reply's trip: what a pull waited beyond the push's trip
     if rounds and spread_of is not None:
-        latency_cv = log_iqr_cv(spread_of)
+        latency_cv = spread_of
     else:
         own = individual(pulls, pull_times, window) if len(pulls) else pulls
         latency_cv = log_iqr_cv(own + overhead - trips - latency)
@@ -250,13 +250,16 @@ def individual(x: np.ndarray, t: np.ndarray, window: int) -> np.ndarray:
     return out * float(np.median(x))  # the scale back (log_iqr_cv reads only the spread)
 
 
-def round_lags(dump: Dump, train: dict, n: int, keep: np.ndarray) -> np.ndarray | None:
-    """Under a strategy whose pulls wait for an update: each kept row's pull end less the time
-    of the last update before it (when the reply left, at the latest), over the median of
-    those of the same update. The replies of one round leave together; how far apart the
-    learners see them is each one's own share of the reply's latency (a whole node slow at that
-    moment moves them all), which the closers' pulls alone, one per round, cannot tell from the
-    rounds' differences. None where there are too few."""
+def round_lags_cv(dump: Dump, train: dict, n: int, keep: np.ndarray) -> float | None:
+    """Under a strategy whose pulls wait for an update: the spread of the reply's latency that
+    is each learner's own. Each kept row's pull end less the time of the last update before it
+    (when the reply left, at the latest): the replies of one round leave together, so how far
+    apart the learners see them is each one's own share of the latency (a whole node slow at
+    that moment moves them all), which the closers' pulls alone, one per round, cannot tell
+    from the rounds' differences. The lognormal's coefficient of variation from the pooled
+    within-round variance of the log lags (one-way analysis of variance: Σ (log x − the
+    round's mean)² / (rows − rounds), unbiased whatever the round's size). None where there
+    are too few."""
     m = dump.rows("updates")
     if m < 2:
         return None
@@ -267,15 +270,15 @@ def round_lags(dump: Dump, train: dict, n: int, keep: np.ndarray) -> np.ndarray 
     which = np.searchsorted(ut, end, side="right") - 1
     ok = which >= 0
     lag, which = end[ok] - ut[which[ok]], which[ok]
-    if len(lag) < 8:
+    pos = lag > 0
+    lag, which = np.log(lag[pos]), which[pos]
+    rounds, inverse, counts = np.unique(which, return_inverse=True, return_counts=True)
+    dof = len(lag) - len(rounds)
+    if dof < 8:
         return None
-    order = np.argsort(which, kind="stable")
-    lag, which = lag[order], which[order]
-    starts = np.flatnonzero(np.r_[True, which[1:] != which[:-1]])
-    med = np.repeat(np.array([np.median(g) for g in np.split(lag, starts[1:])]),
-                    np.diff(np.r_[starts, len(lag)]))
-    good = med > 0
-    return lag[good] / med[good] * float(np.median(lag[good])) if good.any() else None
+    means = np.bincount(inverse, weights=lag) / counts
+    var = float(np.sum((lag - means[inverse]) ** 2)) / dof
+    return float(np.sqrt(np.expm1(var)))
 
 
 def closers(dump: Dump, train: dict, n: int) -> np.ndarray:

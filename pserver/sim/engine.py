@@ -171,7 +171,8 @@ def root_attrs(cfg: Config, n: int) -> dict[str, Any]:
         "pserver_version": __version__,
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
-        **({"cores": int(round(cfg.sim.cores))} if cfg.sim.cores > 0 else {}),
+        # the cores its ranks shared; without sim.cores each rank had its own
+        "cores": int(round(cfg.sim.cores)) if cfg.sim.cores > 0 else cfg.cluster.servers + 2 + n,
         "run_dir": cfg.run.out_dir,
         "simulated": json.dumps({"loop": cfg.sim.loop}),
     }

@@ -94,6 +94,7 @@ class SimLearner:
             return
         c = self.costs.compute(self.index, self.steps)
         self.compute_now = c
+        self.cpu_used += c - self.costs.compute_sleep(self.index)  # the model's part: CPU
         self.loop.after(begin - now + c, self.computed, pull, begin - now)
 
     # -- the compute on shared cores (sim.cores): the model's CPU, then the emulated sleep ------
@@ -214,5 +215,6 @@ class SimLearner:
                       compute_time=self.compute_time, wait_time=self.pull_time,
                       samples=self.steps * self.batch, pull_time=self.pull_time, push_time=0.0,
                       overlap=self.compute_time / max(busy, 1e-12), relayed_bytes=0,
-                      cpu_time=self.cpu_used if self.cores is not None else self.compute_time,
+                      cpu_time=self.cpu_used + (0.0 if self.cores is not None else
+                                                self.steps * self.costs.sim.step_overhead),
                       run_time=now)
