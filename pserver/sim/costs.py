@@ -23,7 +23,7 @@ learners cost no generators) and a learner's compute times do not depend on the 
   row are CPU jobs of one processor-sharing queue, stretched while more jobs than cores run;
 * with ``sim.polls``, a waiting rank's polls (``pserver.comm.waiting.Backoff``): a learner
   waiting for a pull's reply, or the shard for its next message, tests between sleeps of
-  ``BACKOFF`` (1/8) of the time waited so far, within ``comm.poll_min`` … ``comm.poll_max``
+  ``POLL_SHARE`` (1/8) of the time waited so far, within ``comm.poll_min`` … ``comm.poll_max``
   (stretched by the ranks per core of ``sim.cores``, ``crowded_poll_max``), and sees what
   arrived at its next test (:func:`noticed`).
 """
@@ -42,7 +42,7 @@ REPLY_SALT = 0x8E9  # and the reply latencies apart from both
 
 #: pserver.comm.waiting's back-off (that module imports mpi4py; the simulator does not):
 #: each sleep is this share of the time waited so far, and a crowded node's longest sleep
-BACKOFF = 0.125
+POLL_SHARE = 0.125
 MAX_CROWDED_POLL = 0.02
 
 
@@ -137,19 +137,19 @@ def lognormal(cv: float, *key: int) -> float:
 
 
 def noticed(arrival: float, lo: float, hi: float) -> float:
-    """The first test at or after ``arrival`` s into a wait whose sleeps are ``BACKOFF`` × the
+    """The first test at or after ``arrival`` s into a wait whose sleeps are ``POLL_SHARE`` × the
     time waited, within ``lo`` … ``hi`` (``pserver.comm.waiting.Backoff``; its first tests
-    spin, taken as no time): sleeps of ``lo`` up to ``lo / BACKOFF`` s, then each test ``1 +
-    BACKOFF`` times the last, then sleeps of ``hi`` from ``hi / BACKOFF`` s."""
+    spin, taken as no time): sleeps of ``lo`` up to ``lo / POLL_SHARE`` s, then each test ``1 +
+    POLL_SHARE`` times the last, then sleeps of ``hi`` from ``hi / POLL_SHARE`` s."""
     if arrival <= 0.0 or lo <= 0.0:
         return max(arrival, 0.0)
-    knee = lo / BACKOFF
+    knee = lo / POLL_SHARE
     if arrival <= knee:
         return math.ceil(arrival / lo - 1e-9) * lo
-    growth = math.log1p(BACKOFF)
+    growth = math.log1p(POLL_SHARE)
     capped = max(math.ceil(math.log(hi / lo) / growth - 1e-9), 0)  # tests to the longest sleep
     k = math.ceil(math.log(arrival / knee) / growth - 1e-9)
     if k <= capped:
-        return knee * (1.0 + BACKOFF) ** k
-    t = knee * (1.0 + BACKOFF) ** capped
+        return knee * (1.0 + POLL_SHARE) ** k
+    t = knee * (1.0 + POLL_SHARE) ** capped
     return t + math.ceil((arrival - t) / hi - 1e-9) * hi
