@@ -8,7 +8,8 @@ What the dump measures and what is taken from it (docs/simulation.md, *Calibrati
   at most the learner's CPU per minibatch less ``step_overhead`` (on shared cores the wall time
   of a compute is its CPU stretched, and the simulation stretches it itself), and the spread of
   each over the moving median of its neighbours in time (:func:`individual`: the part of the
-  spread that is the learner's own), fitted by quantiles (:func:`log_iqr_cv`);
+  spread that is the learner's own), fitted by quantiles (:func:`log_iqr_cv`), then on shared
+  cores scaled so that a simulation of the run has at most its σ p99 (:func:`match_tail`);
 * ``step_overhead``: per learner, the time between two consecutive ``train`` rows less the
   second row's compute and waits (the median, so a pause of the machine does not count);
 * ``message_time``: the shard's CPU time (``servers/cpu_time``) over the messages it handled
