@@ -1,48 +1,61 @@
 """pserver-sim against real runs: ⟨σ⟩, the 99th percentile of σ and samples/s, as ratios.
 
-``python scripts/sim_validate.py [--strategies async softsync ...] [--learners 4 8 16 32]
-[--calibrate-at 8] [--epochs E]`` runs, for each strategy, one real run at λ = ``--calibrate-at``
-(the calibration run), then a real run and a simulation calibrated from that one
-(``pserver-sim --calibrate``) at each λ, and prints sim/real for each figure with its target
-(⟨σ⟩ within 10 %, σ p99 within 20 %, samples/s within 20 %; issue 23) and which miss. Every run
-is the quickstart config with ``inject.compute_time`` (default 0.01 s) of emulated compute.
-``--acceptance`` runs only issue 23's acceptance case: async, calibrated at λ = 8, at λ = 16.
-``--repeats 2`` runs each real case a second time and prints the second run's figures over the
-first's: the spread of the real runs themselves, against which a miss is to be read.
-ADPSGD and SYNC (no shard: λ + 2 ranks) run at λ ≤ 16 only (issue 23: λ = 4, 8, 16).
-The strategies pserver-sim does not run are listed as such.
+``python scripts/sim_validate.py [--strategies async softsync ...] [--lambdas 4 8 16 32]
+[--calibrate-at 8] [--repeats N] [--epochs E] [--out DIR [--reuse]]`` runs, for each strategy
+of :data:`CASES`, one real run at λ = ``--calibrate-at`` (the calibration run), then a real run
+and a simulation calibrated from that one (``pserver-sim --calibrate``) at each of its λ, and
+prints sim/real for each figure with its target (⟨σ⟩ within 10 %, σ p99 within 20 %,
+samples/s within 20 %; issue 23), which miss, a markdown table for docs/simulation.md and the
+total run time. Every run is the quickstart config with ``inject.compute_time`` (default
+0.01 s) of emulated compute. ``--acceptance`` runs only issue 23's acceptance case: async,
+calibrated at λ = 8, at λ = 16. ``--repeats N`` runs each real case N times and compares the
+simulation with their median (the figures of the others over the first's are printed too: the
+spread of the real runs themselves, against which a miss is to be read). ``--reuse`` takes a
+real run already in ``--out`` instead of running it again (to try a change of the model on
+the same real runs). The machine's load average is printed at the start and the end.
+ADPSGD and SYNC (no shard: λ + 2 ranks) run at λ ≤ 16 (issue 23: λ = 4, 8, 16).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from benchlib import ROOT, Launcher, bench_parser, parse, pserver_run, table
 
 from pserver.dump.reader import load_dump, summarize
-from pserver.plan.config import load_config
+from pserver.plan.config import SimConfig, load_config
 from pserver.sim.calibrate import calibrate, overrides_of
 from pserver.sim.engine import SIMULATED, simulate
 
 CONFIG = ROOT / "examples" / "quickstart.toml"
-#: each strategy's keys for λ learners
-STRATEGIES = {
-    "async": lambda n: ["protocol.name=async"],
-    "softsync": lambda n: ["protocol.name=softsync", f"protocol.n={max(1, n // 4)}"],
-    "hardsync": lambda n: ["protocol.name=hardsync"],
-    "psp": lambda n: ["protocol.name=psp", f"protocol.c={max(1, n // 2)}",
-                      "inject.pull_delay_prob=0.01", "inject.pull_delay=0.05"],
-    "ssp": lambda n: ["protocol.name=ssp", "protocol.s=2"],
-    "adpsgd": lambda n: ["protocol.name=adpsgd"],
-    "sync": lambda n: ["protocol.name=sync"],
-}
-#: learners-only strategies: no shard rank, and validated up to this λ
-LEARNERS_ONLY = {"adpsgd": 16, "sync": 16}
+#: the cases: (strategy, its λ, its keys) — ``{n}`` is λ, ``{half}`` λ/2 and ``{quarter}``
+#: λ/4 (at least 1 each), ``{ranks}`` the ranks a real run of λ learners takes
+CASES = [
+    ("async", (4, 8, 16, 32), "protocol.name=async"),
+    ("softsync", (4, 8, 16, 32), "protocol.name=softsync protocol.n={quarter}"),
+    ("hardsync", (4, 8, 16, 32), "protocol.name=hardsync"),
+    ("psp", (4, 8, 16, 32), "protocol.name=psp protocol.c={half} inject.pull_delay_prob=0.01 "
+                            "inject.pull_delay=0.05"),
+    ("ssp", (4, 8, 16, 32), "protocol.name=ssp protocol.s=2"),
+    ("adpsgd", (4, 8, 16), "protocol.name=adpsgd"),
+    ("sync", (4, 8, 16), "protocol.name=sync"),
+]
+#: ranks of a real run with λ learners, by strategy (default: a shard, statistics, data;
+#: the learners-only strategies have no shard)
+RANKS = {"default": lambda n: n + 3, "adpsgd": lambda n: n + 2, "sync": lambda n: n + 2}
 TARGETS = {"sigma": 0.10, "p99": 0.20, "rate": 0.20}  # |sim/real − 1| at most
+FIGURES = ("sigma", "p99", "rate")
+
+
+def case_keys(template: str, n: int) -> list[str]:
+    return template.format(n=n, half=max(1, n // 2), quarter=max(1, n // 4)).split()
 
 
 def figures(dump_dir: Path) -> dict[str, float]:
@@ -51,17 +64,19 @@ def figures(dump_dir: Path) -> dict[str, float]:
     return {"sigma": st["mean"], "p99": st["p99"], "rate": s["samples_per_s"]}
 
 
-def real(launcher: Launcher, args: argparse.Namespace, out: Path, keys: list[str]) -> Path:
-    n = int(next(k for k in keys if k.startswith("cluster.learners=")).split("=")[1])
-    shards = 0 if any(f"protocol.name={s}" in keys for s in LEARNERS_ONLY) else 1
-    launcher.run(n + 2 + shards, [*pserver_run(args), str(CONFIG), f"run.out_dir={out}",
-                         "stats.progress=false", *keys])
+def real(launcher: Launcher, args: argparse.Namespace, out: Path, name: str, n: int,
+         keys: list[str]) -> Path:  # fmt: skip
+    if args.reuse and (out / "stats.h5").is_file():
+        return out
+    ranks = RANKS.get(name, RANKS["default"])(n)
+    launcher.run(ranks, [*pserver_run(args), str(CONFIG), f"run.out_dir={out}",
+                         "run.overwrite=true", "stats.progress=false", *keys])
     return out
 
 
-def simulated(out: Path, keys: list[str], fit_from: Path) -> Path:
-    fitted = calibrate(fit_from)
-    simulate(load_config(str(CONFIG), [*overrides_of(fitted), f"run.out_dir={out}", *keys]))
+def simulated(out: Path, keys: list[str], fitted: SimConfig, extra: list[str]) -> Path:
+    simulate(load_config(str(CONFIG), [*overrides_of(fitted), f"run.out_dir={out}",
+                                       "run.overwrite=true", *keys, *extra]))
     return out
 
 
@@ -74,9 +89,13 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
+def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in runs) for k in FIGURES}
+
+
 def spread(again: dict, first: dict) -> str:
-    """``σ/p99/rate`` of a second real run over the first's."""
-    return "/".join(f"{ratio(again[k], first[k]) or 0:.2f}" for k in ("sigma", "p99", "rate"))
+    """``σ/p99/rate`` of another real run over the first's."""
+    return "/".join(f"{ratio(again[k], first[k]) or 0:.2f}" for k in FIGURES)
 
 
 def row(name: str, n: int, r: dict, s: dict) -> tuple[list[str], list[str]]:
@@ -90,51 +109,85 @@ def row(name: str, n: int, r: dict, s: dict) -> tuple[list[str], list[str]]:
     return cells, misses
 
 
+HEAD = ["strategy", "λ", "⟨σ⟩ real", "sim", "ratio", "σ p99 real", "sim", "ratio",
+        "samples/s real", "sim", "ratio", "(targets 10 %, 20 %, 20 %)",
+        "real again/real (σ/p99/rate)"]
+
+
+def markdown(rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main(argv: list[str] | None = None) -> int:
     p = bench_parser(__doc__, repeats=1, timeout=600.0, quiet_idle=0.0)
-    p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
-    p.add_argument("--learners", nargs="+", type=int, default=[4, 8, 16, 32])
+    names = [c[0] for c in CASES]
+    p.add_argument("--strategies", nargs="+", default=names, choices=names)
+    p.add_argument("--lambdas", "--learners", nargs="+", type=int, dest="lambdas",
+                   help="only these λ (default: each case's)")
     p.add_argument("--calibrate-at", type=int, default=8)
     p.add_argument("--epochs", type=int, default=0, help="run.epochs (0: the config's)")
     p.add_argument("--compute-time", type=float, default=0.01)
     p.add_argument("--acceptance", action="store_true", help="async, λ = 8 → 16 only")
     p.add_argument("--out", type=Path, help="keep the runs here (default: a temporary folder)")
+    p.add_argument("--reuse", action="store_true", help="take the real runs already in --out")
+    p.add_argument("--sim-set", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
+                   help="extra overrides for the simulations only, e.g. sim.polls=false")
+    p.add_argument("--sim-name", default="sim", help="the simulations' folders: NAME{λ}")
     args = parse(p, argv)
     if args.acceptance:
-        args.strategies, args.learners, args.calibrate_at = ["async"], [16], 8
+        args.strategies, args.lambdas, args.calibrate_at = ["async"], [16], 8
+    started = time.perf_counter()
+    print(f"start: {load()}", file=sys.stderr, flush=True)
     launcher = Launcher.from_args(__file__, args)
     work = args.out or Path(tempfile.mkdtemp(prefix="sim_validate_"))
     common = [f"inject.compute_time={args.compute_time}", *args.set]
     if args.epochs:
         common.append(f"run.epochs={args.epochs}")
     rows, results = [], []
-    for name in args.strategies:
+    for name, lambdas, template in CASES:
+        if name not in args.strategies:
+            continue
         if name not in SIMULATED:
             rows.append([name, "-", *["-"] * 9, "not simulated (docs/simulation.md)", "-"])
             continue
-        keys = lambda n, name=name: [f"cluster.learners={n}", *STRATEGIES[name](n), *common]  # noqa: E731
-        fit_from = real(launcher, args, work / name / f"real{args.calibrate_at}",
-                        keys(args.calibrate_at))
-        for n in [n for n in args.learners if n <= LEARNERS_ONLY.get(name, n)]:
-            r_dir = fit_from if n == args.calibrate_at else work / name / f"real{n}"
-            if n != args.calibrate_at:
-                real(launcher, args, r_dir, keys(n))
-            s_dir = simulated(work / name / f"sim{n}", keys(n), fit_from)
-            r, s = figures(r_dir), figures(s_dir)
+
+        def keys(n: int, template: str = template) -> list[str]:
+            return [f"cluster.learners={n}", *case_keys(template, n), *common]
+
+        at = args.calibrate_at
+        fit_from = real(launcher, args, work / name / f"real{at}", name, at, keys(at))
+        fitted = calibrate(fit_from)  # as pserver-sim --calibrate does
+        for n in lambdas if args.lambdas is None else [x for x in lambdas if x in args.lambdas]:
+            first = work / name / f"real{n}"
+            runs = [figures(fit_from if n == at else real(launcher, args, first, name, n,
+                                                           keys(n)))]
+            runs += [figures(real(launcher, args, work / name / f"real{n}.{i}", name, n,
+                                  keys(n))) for i in range(1, args.repeats)]
+            r = median_of(runs)
+            s_dir = work / name / f"{args.sim_name}{n}"
+            s = figures(simulated(s_dir, keys(n), fitted, args.sim_set))
             cells, misses = row(name, n, r, s)
-            again = [figures(real(launcher, args, work / name / f"real{n}.{i}", keys(n)))
-                     for i in range(1, args.repeats)]
-            cells.append(" ".join(spread(a, r) for a in again) or "-")
+            cells.append(" ".join(spread(a, runs[0]) for a in runs[1:]) or "-")
             rows.append(cells)
             results.append({"strategy": name, "learners": n, "real": r, "sim": s,
-                            "misses": misses, "calibrated_at": args.calibrate_at,
-                            "real_again": again})
+                            "misses": misses, "calibrated_at": at, "real_runs": runs})
             print("  " + "  ".join(cells), file=sys.stderr, flush=True)
-    head = ["strategy", "λ", "⟨σ⟩ real", "sim", "ratio", "σ p99 real", "sim", "ratio",
-            "samples/s real", "sim", "ratio", "(targets 10 %, 20 %, 20 %)",
-            "real again/real (σ/p99/rate)"]
-    print(table(head, rows, title=f"pserver-sim calibrated at λ = {args.calibrate_at} against "
+    ran = results
+    held = {k: sum(k not in c["misses"] for c in ran) for k in FIGURES}
+    print(table(HEAD, rows, title=f"pserver-sim calibrated at λ = {args.calibrate_at} against "
                                   f"real runs (runs in {work})"))
+    print()
+    print(markdown(rows))
+    print()
+    print(f"within target: ⟨σ⟩ {held['sigma']}/{len(ran)}, σ p99 {held['p99']}/{len(ran)}, "
+          f"samples/s {held['rate']}/{len(ran)}")
+    print(f"total {time.perf_counter() - started:.0f} s; end: {load()}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

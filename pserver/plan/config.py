@@ -211,6 +211,11 @@ class SimConfig:
     data_time: float = 0.0  # s of the data server per minibatch served
     start_time: float = 0.0  # s from the job's start to the learners' first minibatch
     end_time: float = 0.0  # s from the last message to the job's end (last test, dump)
+    # processors the node's ranks share (pserver.sim.cores); 0: one per rank, no sharing
+    cores: float = 0.0
+    cpu: float = 0.0  # CPU s of a learner per minibatch in all (with cores; 0: its compute)
+    other_cpu: float = 0.0  # CPU s of the statistics server per minibatch (with cores)
+    polls: bool = False  # waits poll with comm.poll_min..poll_max back-off (pserver.sim.costs)
 
 
 @dataclass
@@ -318,6 +323,9 @@ NON_NEGATIVE = {
     "sim.latency_cv",
     "sim.start_time",
     "sim.end_time",
+    "sim.cores",
+    "sim.cpu",
+    "sim.other_cpu",
 }
 # the bounds of the strategies' own keys (protocol.n > 0, protocol.c >= 0, ...)
 POSITIVE |= {f"protocol.{k}" for k, p in strategies.params().items() if p.bound == "> 0"}

@@ -15,6 +15,7 @@ dump stays as it was at its last complete flush (see ``pserver.dump.writer``).
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import time
@@ -28,6 +29,7 @@ from pserver import __version__
 from pserver.ckpt.files import State
 from pserver.comm.departures import is_failure
 from pserver.comm.records import decode
+from pserver.comm.waiting import usable_cores
 from pserver.comm.wire import Header, Tag, WireError, header_buffer, model_epoch
 from pserver.dump.progress import sigma_text
 from pserver.dump.schema import DATA_SCALING
@@ -54,6 +56,7 @@ class StatsServer:
         self.tested: set[int] = set()
         self.skipped: set[int] = set()
         resume = ctx.resume
+        self.node_cpu0, self.cpu0 = node_cpu_seconds(), time.process_time()
         attrs = self.attrs()
         if resume is not None and resume.continued:  # a periodic pause: the same job goes on
             for key in ("started", "restarts"):
@@ -86,6 +89,7 @@ class StatsServer:
             "pserver_version": __version__,
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "host": socket.gethostname(),
+            "cores": usable_cores(),  # of this rank's node: pserver-sim --calibrate reads it
             **self.scaling_attrs(),
             **dump_attrs(lay, self.ctx.nodes, self.ctx.hosts, self.cfg.run.out_dir,
                          self.ctx.pids),
@@ -164,6 +168,8 @@ class StatsServer:
             "/",
             finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             wall_time=self.ctx.now(),
+            stats_cpu_time=time.process_time() - self.cpu0,
+            **node_cpu_attr(self.node_cpu0),
         )
         self.rows = self.writer.rows()
 
@@ -384,3 +390,23 @@ class StatsServer:
         msg.Recv(self.hbuf[0])
         self.ctx.peers.note(source, Header.unpack(self.hbuf[0]))
         self.live.discard(source)
+
+
+def node_cpu_seconds() -> float | None:
+    """CPU seconds the node's cores have been busy since boot (``/proc/stat``: all but idle
+    and iowait), for ``node_cpu_time``; None where there is no ``/proc/stat``."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:8]]
+        return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def node_cpu_attr(start: float | None) -> dict[str, float]:
+    """``node_cpu_time``: the node's busy CPU seconds over the run, every process's (this
+    job's and any other's): ``pserver-sim --calibrate`` takes this job's own from it to find
+    the cores other jobs held (docs/stats.md)."""
+    end = node_cpu_seconds()
+    return {} if start is None or end is None else {"node_cpu_time": end - start}
+

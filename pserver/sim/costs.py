@@ -16,7 +16,16 @@ learners cost no generators) and a learner's compute times do not depend on the 
 * the shard: ``sim.message_time`` per message, plus ``sim.update_per_byte`` × the gradient's
   bytes per push, × ``inject.server_factor`` on the slow shard;
 * the data server: ``sim.data_time`` per minibatch, one at a time (a FIFO queue);
-* injected pull-reply delays and freezes: ``InjectPlan``'s own draws, the real run's.
+* injected pull-reply delays and freezes: ``InjectPlan``'s own draws, the real run's;
+* with ``sim.cores`` > 0, the node's cores (``pserver.sim.cores``): a learner's model compute
+  (not the emulated compute, which the trainer sleeps) and its step's CPU (:meth:`step_cpu`),
+  the shard's handling of a message and the statistics server's ``sim.other_cpu`` per ``train``
+  row are CPU jobs of one processor-sharing queue, stretched while more jobs than cores run;
+* with ``sim.polls``, a waiting rank's polls (``pserver.comm.waiting.Backoff``): a learner
+  waiting for a pull's reply, or the shard for its next message, tests between sleeps of
+  ``POLL_SHARE`` (1/8) of the time waited so far, within ``comm.poll_min`` … ``comm.poll_max``
+  (stretched by the ranks per core of ``sim.cores``, ``crowded_poll_max``), and sees what
+  arrived at its next test (:func:`noticed`).
 """
 
 from __future__ import annotations
@@ -31,6 +40,12 @@ COMPUTE_SALT = 0x51D  # keeps the compute draws apart from InjectPlan's delay dr
 REPLY_SALT = 0x8E9  # and the reply latencies apart from both
 
 
+#: pserver.comm.waiting's back-off (that module imports mpi4py; the simulator does not):
+#: each sleep is this share of the time waited so far, and a crowded node's longest sleep
+POLL_SHARE = 0.125
+MAX_CROWDED_POLL = 0.02
+
+
 @dataclass(frozen=True)
 class Costs:
     sim: SimConfig
@@ -38,20 +53,56 @@ class Costs:
     batch: int  # samples per minibatch
     nbytes: int  # bytes of the model (a whole pull or push payload)
     seed: int
+    poll: tuple[float, float] | None = None  # (shortest, longest sleep) with sim.polls
 
     @classmethod
     def from_config(cls, cfg: Config, nbytes: int) -> Costs:
-        return cls(cfg.sim, inject_plan(cfg), cfg.data.batch_size, nbytes, cfg.run.seed)
+        poll = None
+        if cfg.sim.polls:
+            c = cfg.comm
+            ranks = cfg.cluster.learners + cfg.cluster.servers + 2
+            crowd = max(ranks / cfg.sim.cores, 1.0) if cfg.sim.cores > 0 else 1.0
+            poll = (c.poll_min, min(c.poll_max * crowd, max(c.poll_max, MAX_CROWDED_POLL)))
+        return cls(cfg.sim, inject_plan(cfg), cfg.data.batch_size, nbytes, cfg.run.seed, poll)
+
+    def seen(self, waited: float) -> float:
+        """Seconds after a wait began that a message arriving ``waited`` seconds into it is seen
+        (``waited`` itself without ``sim.polls``)."""
+        if self.poll is None:
+            return waited
+        return noticed(waited, *self.poll)
 
     def compute(self, learner: int, step: int) -> float:
         """Seconds learner ``learner`` computes minibatch ``step`` (as the trainer times it)."""
+        return self.compute_cpu(learner, step) + self.compute_sleep(learner)
+
+    def compute_cpu(self, learner: int, step: int) -> float:
+        """The model's part of :meth:`compute`: CPU seconds, shared on ``sim.cores``."""
         s, plan = self.sim, self.plan
         model = s.compute
         if s.compute_cv > 0.0:
             model *= lognormal(s.compute_cv, COMPUTE_SALT, self.seed, learner, step)
         if learner == plan.slow_learner:
             model *= plan.learner_factor
-        return model + plan.compute_time_for(learner, self.batch)
+        return model
+
+    def compute_sleep(self, learner: int) -> float:
+        """The emulated part of :meth:`compute` (``[inject]``): the trainer sleeps it, the
+        cores idle."""
+        return self.plan.compute_time_for(learner, self.batch)
+
+    @property
+    def shared(self) -> bool:
+        """Whether the ranks share ``sim.cores`` processors (``pserver.sim.cores``)."""
+        return self.sim.cores > 0.0
+
+    def step_cpu(self) -> float:
+        """With ``sim.cores``: a learner's CPU seconds per step besides its compute, run after
+        the push: ``step_overhead`` and the rest of ``sim.cpu`` (the exchange's sends, receives
+        and polls)."""
+        s = self.sim
+        rest = max(s.cpu - s.compute - s.step_overhead, 0.0) if s.cpu > 0.0 else 0.0
+        return s.step_overhead + rest
 
     def message(self, payload: bool) -> float:
         """Seconds from send to arrival of a header, with the model's bytes when ``payload``."""
@@ -83,3 +134,22 @@ def lognormal(cv: float, *key: int) -> float:
     u2 = uniform(*key, 2)
     z = math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
     return math.exp(math.sqrt(var) * z - var / 2.0)
+
+
+def noticed(arrival: float, lo: float, hi: float) -> float:
+    """The first test at or after ``arrival`` s into a wait whose sleeps are ``POLL_SHARE`` × the
+    time waited, within ``lo`` … ``hi`` (``pserver.comm.waiting.Backoff``; its first tests
+    spin, taken as no time): sleeps of ``lo`` up to ``lo / POLL_SHARE`` s, then each test ``1 +
+    POLL_SHARE`` times the last, then sleeps of ``hi`` from ``hi / POLL_SHARE`` s."""
+    if arrival <= 0.0 or lo <= 0.0:
+        return max(arrival, 0.0)
+    knee = lo / POLL_SHARE
+    if arrival <= knee:
+        return math.ceil(arrival / lo - 1e-9) * lo
+    growth = math.log1p(POLL_SHARE)
+    capped = max(math.ceil(math.log(hi / lo) / growth - 1e-9), 0)  # tests to the longest sleep
+    k = math.ceil(math.log(arrival / knee) / growth - 1e-9)
+    if k <= capped:
+        return knee * (1.0 + POLL_SHARE) ** k
+    t = knee * (1.0 + POLL_SHARE) ** capped
+    return t + math.ceil((arrival - t) / hi - 1e-9) * hi

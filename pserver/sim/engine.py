@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import resource
 import socket
+import sys
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -30,6 +31,7 @@ from pserver.protocols.partial_pull import PullRule
 from pserver.runtime.outdir import check_out_dir
 from pserver.runtime.rundir import DUMP_NAME, expand, point_latest, run_id
 from pserver.sim.collective import HybridRun, SyncRun
+from pserver.sim.cores import Cores, Serial
 from pserver.sim.costs import Costs
 from pserver.sim.gossip import GossipRun
 from pserver.sim.learner import DataServer, SimLearner
@@ -132,13 +134,16 @@ def simulate(cfg: Config, rid: str | None = None) -> Outcome:
         loop = make_loop(cfg.sim.loop)
         costs = Costs.from_config(cfg, costs_bytes)
         if cfg.protocol.name in LEARNERS_ONLY:
+            if cfg.sim.cores > 0:  # a fit of any dump sets it: say it does not apply here
+                print(f"pserver-sim: sim.cores = {cfg.sim.cores:g} is not modelled for "
+                      f"{cfg.protocol.name} (its learners each have a core)", file=sys.stderr)
             run = LEARNERS_ONLY[cfg.protocol.name](loop, cfg, costs, rows, n, train_size)
             loop.after(cfg.sim.start_time, run.start)
             loop.run()
             run.end_rows(loop.now)
-            updates = run.updates
+            updates, shared = run.updates, {}
         else:
-            updates = run_shard(loop, cfg, costs, rows, n, train_size, costs_bytes)
+            updates, shared = run_shard(loop, cfg, costs, rows, n, train_size, costs_bytes)
         rows.close()
         wall = time.perf_counter() - started
         sim_time = loop.now + cfg.sim.end_time
@@ -147,6 +152,7 @@ def simulate(cfg: Config, rid: str | None = None) -> Outcome:
             "/",
             finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             wall_time=sim_time,
+            **shared,
             simulated={"loop": cfg.sim.loop, "events": loop.events, "seconds": wall,
                        "peak_rss_mib": rss, "cost_model": asdict(cfg.sim)},
         )  # fmt: skip
@@ -154,8 +160,9 @@ def simulate(cfg: Config, rid: str | None = None) -> Outcome:
 
 
 def run_shard(loop: Any, cfg: Config, costs: Costs, rows: Rows, n: int, train_size: int,
-              costs_bytes: int) -> int:  # fmt: skip
-    """The parameter-server strategies: one shard, λ learners; the updates applied."""
+              costs_bytes: int) -> tuple[int, dict[str, float]]:  # fmt: skip
+    """The parameter-server strategies: one shard, λ learners; the updates applied and, with
+    ``sim.cores``, the statistics server's CPU for the dump's root."""
     shard = SimShard(loop, cfg, costs, rows, n, train_size)
     data = DataServer(cfg.sim.data_time)
     rule, waits = pull_timestamp(cfg), lookup(cfg.protocol.name).waits_for_update
@@ -168,11 +175,31 @@ def run_shard(loop: Any, cfg: Config, costs: Costs, rows: Rows, n: int, train_si
              **extra)
         for k in range(n)
     ]  # fmt: skip
+    cores = share_cores(loop, cfg, shard)
     for learner in shard.learners:
         loop.after(cfg.sim.start_time, learner.start)
     loop.run()
     shard.end_rows(int(costs_bytes // np.dtype(cfg.model.dtype).itemsize))
-    return int(shard.block.ts)
+    shared = {} if cores is None else {"stats_cpu_time": cfg.sim.other_cpu * rows_of(shard)}
+    return int(shard.block.ts), shared
+
+
+def share_cores(loop: Any, cfg: Config, shard: SimShard) -> Cores | None:
+    """With ``sim.cores`` > 0: one processor-sharing queue (``pserver.sim.cores``) that every
+    learner, the shard and the statistics server run their CPU on; None (no cost) without."""
+    if cfg.sim.cores <= 0.0:
+        return None
+    cores = Cores(loop, cfg.sim.cores)
+    stats = Serial(cores) if cfg.sim.other_cpu > 0.0 else None
+    shard.cores = cores
+    for learner in shard.learners:
+        learner.cores, learner.stats = cores, stats
+    return cores
+
+
+def rows_of(shard: SimShard) -> int:
+    """The ``train`` rows the learners wrote (one per minibatch)."""
+    return sum(learner.steps for learner in shard.learners)
 
 
 def root_attrs(cfg: Config, n: int) -> dict[str, Any]:
@@ -186,6 +213,8 @@ def root_attrs(cfg: Config, n: int) -> dict[str, Any]:
         "pserver_version": __version__,
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
+        # the cores its ranks shared; without sim.cores each rank had its own
+        "cores": int(round(cfg.sim.cores)) if cfg.sim.cores > 0 else cfg.cluster.servers + 2 + n,
         "run_dir": cfg.run.out_dir,
         "simulated": json.dumps({"loop": cfg.sim.loop}),
     }

@@ -15,6 +15,7 @@ from typing import Any
 
 from pserver.protocols.partial_pull import USE, PartialPull, PullRule
 from pserver.protocols.pull import Reply
+from pserver.sim.cores import Cores, Serial
 from pserver.sim.costs import Costs
 from pserver.sim.rows import Rows
 from pserver.sim.shard import BYE, PULL
@@ -43,6 +44,7 @@ class SimLearner:
         "index", "loop", "costs", "rows", "shard", "data", "partial", "rule", "have", "steps",
         "stopped", "asked", "pull_since", "ready_at", "inbox", "next_batch", "compute_time",
         "pull_time", "compute_now", "finished_at", "batch", "pulling", "train", "freezes",
+        "cores", "stats", "cpu_used", "began", "wait_since",
     )  # fmt: skip
 
     def __init__(
@@ -68,6 +70,11 @@ class SimLearner:
                                 "compute_time", "wait_time", "pull_time", "push_time",
                                 "stale_fraction", "dropped_blocks")
         self.freezes = index == costs.plan.freeze_learner  # inject.freeze_*
+        self.cores: Cores | None = None  # sim.cores: the node's processors, set by the engine
+        self.stats: Serial | None = None  # and the statistics server's CPU on them
+        self.cpu_used = 0.0  # CPU s of this learner (its learners row's cpu_time)
+        self.began = 0.0  # when the compute in progress began (after the fetch)
+        self.wait_since = 0.0  # when the wait in progress began (the pull, or a pull asked again)
 
     def start(self) -> None:
         self.next_batch = self.data.request(self.loop.now)
@@ -78,9 +85,32 @@ class SimLearner:
         now = self.loop.now
         begin = max(now, self.next_batch)
         self.next_batch = self.data.request(begin)
+        if self.cores is not None:
+            self.began = begin
+            if begin > now:
+                self.loop.after(begin - now, self.compute_shared, pull, begin - now)
+            else:
+                self.compute_shared(pull, 0.0)
+            return
         c = self.costs.compute(self.index, self.steps)
         self.compute_now = c
+        self.cpu_used += c - self.costs.compute_sleep(self.index)  # the model's part: CPU
         self.loop.after(begin - now + c, self.computed, pull, begin - now)
+
+    # -- the compute on shared cores (sim.cores): the model's CPU, then the emulated sleep ------
+
+    def compute_shared(self, pull: float, fetch: float) -> None:
+        cpu = self.costs.compute_cpu(self.index, self.steps)
+        self.cpu_used += cpu
+        self.cores.run(cpu, self.compute_sleep, pull, fetch)  # type: ignore[union-attr]
+
+    def compute_sleep(self, pull: float, fetch: float) -> None:
+        sleep = self.costs.compute_sleep(self.index)
+        self.compute_now = self.loop.now + sleep - self.began  # the compute as the trainer times it
+        if sleep > 0.0:
+            self.loop.after(sleep, self.computed, pull, fetch)
+        else:
+            self.computed(pull, fetch)
 
     def computed(self, pull: float, fetch: float) -> None:
         """``Trainer.step`` after the compute: push and ask (``PSExchange.push``), the row."""
@@ -98,14 +128,28 @@ class SimLearner:
         self.asked = True
         self.loop.after(self.costs.message(True), self.shard.push_and_pull, self.index,
                         self.have, self.rule.push_iteration(), self.rule.oldest(self.have))
+        if self.stats is not None:
+            self.stats.submit(sim.other_cpu)  # the statistics server takes the row
+        if self.cores is not None:  # the step's CPU (overhead, sends and polls) after a freeze
+            self.ready_at = now + freeze
+            self.loop.after(freeze, self.step_shared)
+            return
         self.ready_at = now + freeze + sim.step_overhead
         self.loop.after(freeze + sim.step_overhead, self.pull)
+
+    def step_shared(self) -> None:
+        cpu = self.costs.step_cpu()
+        if cpu > 0.0:
+            self.cpu_used += cpu
+            self.cores.run(cpu, self.pull)  # type: ignore[union-attr]
+        else:
+            self.pull()
 
     # -- the pull (PSExchange.pull, on_reply) ----------------------------------------------------
 
     def pull(self) -> None:
         self.pulling = True
-        self.pull_since = self.loop.now
+        self.pull_since = self.wait_since = self.loop.now
         self.partial.start(self.loop.now, {0: self.rule.oldest(self.have)})
         inbox, self.inbox = self.inbox, []
         for kind, ts in inbox:
@@ -116,6 +160,15 @@ class SimLearner:
         if not self.pulling:  # landed during a freeze: read when the pull begins
             self.inbox.append((kind, ts))
             return
+        if self.costs.poll is not None:  # sim.polls: seen at the wait's next test
+            waited = self.loop.now - self.wait_since
+            late = self.costs.seen(waited) - waited
+            if late > 0.0:
+                self.loop.after(late, self.on_seen, kind, ts)
+                return
+        self.on_seen(kind, ts)
+
+    def on_seen(self, kind: Reply, ts: int) -> None:
         self.take(kind, ts)
         self.check_done()
 
@@ -138,6 +191,7 @@ class SimLearner:
 
     def ask(self) -> None:
         self.asked = True
+        self.wait_since = self.loop.now
         self.loop.after(self.costs.message(False), self.shard.arrive, PULL, self.index,
                         self.have, self.rule.oldest(self.have))
 
@@ -161,4 +215,6 @@ class SimLearner:
                       compute_time=self.compute_time, wait_time=self.pull_time,
                       samples=self.steps * self.batch, pull_time=self.pull_time, push_time=0.0,
                       overlap=self.compute_time / max(busy, 1e-12), relayed_bytes=0,
-                      cpu_time=self.compute_time, run_time=now)
+                      cpu_time=self.cpu_used + (0.0 if self.cores is not None else
+                                                self.steps * self.costs.sim.step_overhead),
+                      run_time=now)

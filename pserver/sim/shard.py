@@ -9,7 +9,8 @@ block holds a one-element stand-in for its weights: the simulation computes noth
 but the step's learning rate, the counters and the stop come from the real object.
 
 Messages are served one at a time in arrival order (the shard's loop reads its control
-messages in order); each costs ``Costs.service`` seconds, after which its decision is taken.
+messages in order); each costs ``Costs.service`` seconds (CPU seconds on the shared cores of
+``sim.cores``, ``pserver.sim.cores``), after which its decision is taken.
 """
 
 from __future__ import annotations
@@ -59,7 +60,11 @@ class SimShard:
         self.timer: float | None = None  # when the protocol's next deadline is checked
         self.dropped_after_stop = 0
         self.bytes_in = self.bytes_out = 0
-        self.busy_time = 0.0
+        self.busy_time = 0.0  # CPU s of its messages
+        self.busy_wall = 0.0  # wall s serving them (more than busy_time on shared cores)
+        self.served_since = 0.0
+        self.cores: Any = None  # sim.cores: the node's processors (pserver.sim.cores), or None
+        self.idle_since = 0.0  # when its queue last ran empty (sim.polls: its wait began)
         self.grads = rows.table("gradients", "shard", "learner", "timestamp", "staleness",
                                 "update", "time")
         self.sigmas = rows.table("staleness", "learner", "owner", "version", "staleness", "time")
@@ -76,7 +81,7 @@ class SimShard:
         accepts)`` or ``(BYE, k, -1, None)``."""
         self.queue.append((kind, learner, ts, extra))
         if not self.busy:
-            self.serve_next()
+            self.wake()
 
     def push_and_pull(self, learner: int, ts: int, iteration: int | None, accepts: int) -> None:
         """A learner's push and the pull request it sends right behind it (``PSExchange.push``):
@@ -84,21 +89,42 @@ class SimShard:
         self.queue.append((PUSH, learner, ts, iteration))
         self.queue.append((PULL, learner, ts, accepts))
         if not self.busy:
-            self.serve_next()
+            self.wake()
+
+    def wake(self) -> None:
+        """A message reached the idle shard: served now, or with ``sim.polls`` at the next test
+        of its wait (the messages that come meanwhile queue behind it)."""
+        if self.costs.poll is not None:
+            waited = self.loop.now - self.idle_since
+            late = self.costs.seen(waited) - waited
+            if late > 0.0:
+                self.busy = True
+                self.loop.after(late, self.serve_next)
+                return
+        self.serve_next()
 
     def serve_next(self) -> None:
         msg = self.queue.popleft()
         self.busy = True
         t = self.costs.service(self.index, msg[0] == PUSH)
         self.busy_time += t
-        self.loop.after(t, self.served, msg)
+        if self.cores is not None:
+            self.served_since = self.loop.now
+            self.cores.run(t, self.served, msg)
+        else:
+            self.busy_wall += t
+            self.loop.after(t, self.served, msg)
 
     def served(self, msg: tuple[int, int, int, int | None]) -> None:
+        if self.cores is not None:
+            self.busy_wall += self.loop.now - self.served_since
         self.handlers[msg[0]](msg[1], msg[2], msg[3])
         self.on_time()
         self.busy = False
         if self.queue:
             self.serve_next()
+        else:
+            self.idle_since = self.loop.now
 
     # -- pushes (ServerShard.take_gradient, update, after_update) ------------------------------
 
@@ -205,7 +231,7 @@ class SimShard:
         a, now = self.block, self.loop.now
         self.rows.add("servers", shard=self.index, updates=a.ts,
                       dropped_after_stop=self.dropped_after_stop,
-                      wait_time=max(now - self.busy_time, 0.0), bytes_in=self.bytes_in,
+                      wait_time=max(now - self.busy_wall, 0.0), bytes_in=self.bytes_in,
                       bytes_out=self.bytes_out, skipped_snapshots=0, cpu_time=self.busy_time,
                       run_time=now)
         self.rows.add("blocks", block=0, shard=self.index, timestamp=a.ts, applied=a.applied,
