@@ -20,7 +20,7 @@ pull is in flight, so what its next minibatch computes on is not the shards' mod
 
 Resume: the same state is put back, the requests answered STOP are sent again where they were
 (before the dropped pushes they preceded), the dropped pushes are sent again
-(``pserver.ckpt.drivers.overlap.resend``), and the next
+(``pserver.roles.overlap.OverlapExchange.resend``), and the next
 minibatch follows the uninterrupted run's arithmetic: it installs the answer the uninterrupted
 run would have installed and computes on the same copy. With λ = 1 the resumed run's weights
 equal the uninterrupted run's bit for bit (tests/test_mpi_ckpt_overlap.py). Liveness is that of
