@@ -49,12 +49,18 @@ from pserver.strategies.adpsgd import GOSSIP
 from pserver.strategies.collective import ALLREDUCE, ALLREDUCE_DELAYED
 
 if TYPE_CHECKING:
+    import numpy as np
     from mpi4py import MPI
 
     from pserver.ckpt.resume import Resume
     from pserver.comm.backend import Backend
     from pserver.comm.waiting import PeerLog
-    from pserver.runtime.context import Plan
+    from pserver.roles.aggregator import Aggregator
+    from pserver.roles.dataserver import DataServer
+    from pserver.roles.server import ServerShard
+    from pserver.roles.statserver import StatsServer
+    from pserver.roles.trainer import Trainer
+    from pserver.runtime.context import Context, Plan
 
 
 class Parser(argparse.ArgumentParser):
@@ -137,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         return rank_main(argv, MPI.COMM_WORLD)
 
 
-def rank_main(argv: list[str] | None, world) -> int:  # noqa: ANN001 - MPI.Comm
+def rank_main(argv: list[str] | None, world: MPI.Comm) -> int:
     """One rank's life under ``main``."""
     from pserver.comm.waiting import PeerLog, Waiter, crowded_poll_max, crowded_spin
     from pserver.runtime.startup import agree, failure_message, outcome, status_of
@@ -253,7 +259,7 @@ def mpi_cause(error: BaseException | None) -> BaseException | None:
     return None
 
 
-def die(message: str, world) -> None:  # noqa: ANN001 - MPI.Comm
+def die(message: str, world: MPI.Comm) -> None:
     """Print ``message``, make sure the launcher has read it, and abort every rank."""
     print(message, file=sys.stderr, flush=True)
     sys.stdout.flush()
@@ -372,13 +378,13 @@ def log_provenance(
 # -- the role drivers: each imports its own module only when its rank plays that role --------
 
 
-def server(ctx, weights):  # noqa: ANN001, ANN201 - Context, array -> ServerShard
+def server(ctx: Context, weights: np.ndarray) -> ServerShard:
     from pserver.roles.server import ServerShard
 
     return ServerShard(ctx, weights)
 
 
-def learner(ctx, weights):  # noqa: ANN001, ANN201 - Context, array -> Trainer
+def learner(ctx: Context, weights: np.ndarray) -> Trainer:
     """A trainer with the exchange the strategy names for ``comm.mode``."""
     from pserver.roles.prefetch import Prefetcher
     from pserver.roles.trainer import Trainer
@@ -390,19 +396,19 @@ def learner(ctx, weights):  # noqa: ANN001, ANN201 - Context, array -> Trainer
     return Trainer(ctx, EXCHANGES[exchange]()(ctx, weights), Prefetcher(ctx))
 
 
-def aggregator(ctx, weights):  # noqa: ANN001, ANN201 - Context, array -> Aggregator
+def aggregator(ctx: Context, weights: np.ndarray) -> Aggregator:
     from pserver.roles.aggregator import Aggregator
 
     return Aggregator(ctx, weights)
 
 
-def data_server(ctx, weights):  # noqa: ANN001, ANN201 - Context, unused -> DataServer
+def data_server(ctx: Context, weights: np.ndarray) -> DataServer:  # weights: unused
     from pserver.roles.dataserver import DataServer
 
     return DataServer(ctx)
 
 
-def stats_server(ctx, weights):  # noqa: ANN001, ANN201 - Context, unused -> StatsServer
+def stats_server(ctx: Context, weights: np.ndarray) -> StatsServer:  # weights: unused
     from pserver.roles.statserver import StatsServer
 
     return StatsServer(ctx)

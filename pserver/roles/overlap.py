@@ -31,7 +31,7 @@ from typing import Any
 from mpi4py import MPI
 
 from pserver.ckpt.files import State
-from pserver.ckpt.records.pipeline import pipeline_state, restore_pipeline
+from pserver.ckpt.records.pipeline import Replay, pipeline_state, restore_pipeline
 from pserver.comm.engine import CommEngine
 from pserver.comm.wire import Reply, WireError, reply_kind
 from pserver.plan.topology import Block
@@ -75,7 +75,7 @@ class OverlapExchange(Exchange):
         # the last two pushes (number, {block: timestamp}): their gradients are still in
         # ``grads``, a checkpoint saves those the shards dropped at their stop (overlap_ckpt)
         self.recent: deque[tuple[int, dict[int, int]]] = deque(maxlen=2)
-        self.replay: Any = None  # resumed with a pipeline: what begin() sends again
+        self.replay: Replay | None = None  # resumed with a pipeline: what begin() sends again
         self.left = False  # our broadcast-tree parent stopped at a cut (pserver.roles.bcast)
 
     @property

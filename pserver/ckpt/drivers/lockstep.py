@@ -25,6 +25,7 @@ Pure of MPI: host copies through the backend (``to_host``, ``copy_from_host``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -52,23 +53,46 @@ class LockstepOwner(Protocol):
     def backend(self) -> Backend: ...
 
 
+@dataclass(frozen=True)
+class LockstepRecord:
+    """A lockstep learner's record: its weights, its update rule's state arrays, its version
+    and epoch counter. Read from a state ``pserver.ckpt.files`` read and
+    ``pserver.ckpt.resume.check_state`` checked (shapes, dtypes) before training."""
+
+    w: np.ndarray
+    opt: dict[str, np.ndarray]
+    version: int
+    next_epoch: int
+
+    def to_state(self) -> State:
+        arrays = {"w": self.w, **{f"opt.{k}": a for k, a in self.opt.items()}}
+        return State(arrays, {"version": self.version, "next_epoch": self.next_epoch})
+
+    @classmethod
+    def from_state(cls, state: State, names: list[str]) -> LockstepRecord:
+        """The record in ``state``, with the rule's arrays ``names``."""
+        opt = {k: state.arrays[f"opt.{k}"] for k in names}
+        a = state.attrs
+        return cls(state.arrays["w"], opt, int(a["version"]), int(a["next_epoch"]))
+
+
 def model_state(model: LockstepOwner) -> State:
     """``model``: a ``LockstepModel``; its weights, rule state, version and epoch counter."""
     to_host = model.backend.to_host
-    arrays = {"w": to_host(model.w)}
-    for name, a in model.update.updater.state_arrays().items():
-        arrays[f"opt.{name}"] = to_host(a)
-    attrs = {"version": model.version, "next_epoch": model.plan.counter.next_epoch}
-    return State(arrays, attrs)
+    opt = {k: to_host(a) for k, a in model.update.updater.state_arrays().items()}
+    record = LockstepRecord(to_host(model.w), opt, model.version, model.plan.counter.next_epoch)
+    return record.to_state()
 
 
 def restore_model(model: LockstepOwner, state: State) -> None:
     copy_in = model.backend.copy_from_host
-    copy_in(state.arrays["w"], model.w)
-    for name, a in model.update.updater.state_arrays().items():
-        copy_in(state.arrays[f"opt.{name}"], a)
-    model.version = int(state.attrs["version"])
-    model.plan.counter.next_epoch = int(state.attrs["next_epoch"])
+    arrays = model.update.updater.state_arrays()
+    record = LockstepRecord.from_state(state, list(arrays))
+    copy_in(record.w, model.w)
+    for name, a in arrays.items():
+        copy_in(record.opt[name], a)
+    model.version = record.version
+    model.plan.counter.next_epoch = record.next_epoch
 
 
 class HybridCut:
