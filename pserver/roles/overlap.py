@@ -54,7 +54,7 @@ class OverlapExchange(Exchange):
         self.blocks, self.by_index = link.blocks, link.by_index
         self.have, self.stopped, self.asked = link.have, link.stopped, link.asked  # shared
         self.waiter = ctx.waiter()
-        self.waits_for_update = waits_for_update(ctx)
+        self.waits_for_update = waits_for_update(ctx.cfg)
         self.grads = [self.xp.empty_like(link.w), self.xp.empty_like(link.w)]
         self.arrived: dict[int, int] = {}  # block -> timestamp now complete in w_comm
         self.current: set[int] = set()  # blocks answered "yours is current" (no payload)

@@ -18,7 +18,8 @@ Pure: no MPI (the data server's own structures in, arrays out).
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -90,23 +91,48 @@ def left_over(ds: LockstepStream, c: int) -> list[np.ndarray]:
     return out
 
 
+@dataclass(frozen=True)
+class DrawsRecord:
+    """The data server's record at a lockstep cut: the sampler's state and permutation, the
+    draws no learner computed on (``replay``, one row per minibatch) and the steps c every
+    learner computed on. Read from a state ``pserver.ckpt.files`` read and
+    ``pserver.ckpt.resume.check_state`` checked (the replay's shape) before training."""
+
+    sampler: dict[str, Any]
+    perm: np.ndarray
+    replay: np.ndarray
+    steps: int
+
+    def to_state(self) -> State:
+        arrays = {"perm": self.perm, "replay": self.replay}
+        attrs = {"role": "data", "sampler": self.sampler, "lockstep_steps": self.steps}
+        return State(arrays, attrs)
+
+    @classmethod
+    def from_state(cls, state: State) -> DrawsRecord:
+        a = state.attrs
+        return cls(a["sampler"], state.arrays["perm"], state.arrays["replay"],
+                   int(a["lockstep_steps"]))  # fmt: skip
+
+
 def draws_state(ds: LockstepStream) -> State:
     """The data server's state at a lockstep cut (``ds``: a ``DataServer``)."""
     c = computed_on(ds)
     attrs, perm = ds.sampler.state()
     left = left_over(ds, c)
     batch = ds.ctx.cfg.data.batch_size
-    arrays = {"perm": perm, "replay": np.array(left, np.int64).reshape(len(left), batch)}
-    return State(arrays, {"role": "data", "sampler": attrs, "lockstep_steps": c})
+    replay = np.array(left, np.int64).reshape(len(left), batch)
+    return DrawsRecord(attrs, perm, replay, c).to_state()
 
 
 def restore_draws(ds: LockstepStream, state: State) -> None:
     """Resume a lockstep stream: c minibatches served to each learner, the saved draws pending."""
-    ds.sampler.restore(state.attrs["sampler"], state.arrays["perm"])
-    c = int(state.attrs["lockstep_steps"])
+    record = DrawsRecord.from_state(state)
+    ds.sampler.restore(record.sampler, record.perm)
+    c = record.steps
     draws = ds.draws
     start = c * draws.n_learners
-    draws.pending = {start + j: np.array(row) for j, row in enumerate(state.arrays["replay"])}
+    draws.pending = {start + j: np.array(row) for j, row in enumerate(record.replay)}
     draws.drawn = start + len(draws.pending)
     ds.quota.served = dict.fromkeys(range(draws.n_learners), c)
     ds.base_steps = c
