@@ -7,6 +7,12 @@ Fig. 3 (⟨σ⟩ ≈ n and σ ≤ 2n under n-softsync) for n = 1, 4, 16 and λ (
 partial pushing (c = λ/2) saves against hardsync when 0.16 % of the pull replies are held 4 s
 (PSP-SGD §4.2's straggler model): samples/s of each and their ratio.
 
+``python scripts/sim_sweeps.py adpsgd [--learners 100 1000 3000] [--steps 10]``: ADPSGD
+against SYNC when one learner computes ``--factor`` (10) times longer than the others
+(``inject.slow_learner``, ``inject.learner_factor``; one in 1,000 at λ = 1,000): samples/s of
+each, their ratio, and ADPSGD's σ. ``[inject]`` slows one learner, so at λ = 100 it is one in
+100 and at λ = 10,000 one in 10,000 (the table says which).
+
 Each simulation runs the quickstart model on synthetic data sized so that every learner
 computes about ``--steps`` minibatches, with ``--set`` overrides (e.g. a fitted cost model,
 ``sim.compute=0.02``); the wall time and peak memory of the largest case are printed.
@@ -76,18 +82,40 @@ def psp(args: argparse.Namespace, work: Path) -> None:
                             "late (simulated)"))
 
 
+def adpsgd(args: argparse.Namespace, work: Path) -> None:
+    rows = []
+    for lam in args.learners:
+        slow = [f"inject.slow_learner={lam // 2}", f"inject.learner_factor={args.factor}",
+                *args.set]  # fmt: skip
+        sy = run(work, f"adpsgd_s_{lam}", lam, args.steps, ["protocol.name=sync", *slow])
+        ad = run(work, f"adpsgd_a_{lam}", lam, args.steps, ["protocol.name=adpsgd", *slow])
+        rows.append([str(lam), f"1 in {lam:,}", f"{sy['rate']:.0f}", f"{ad['rate']:.0f}",
+                     f"{ad['rate'] / sy['rate']:.2f}", f"{ad['sigma']:.2f}", str(ad["p99"]),
+                     f"{sy['wall'] + ad['wall']:.1f}", f"{max(sy['rss'], ad['rss']):.0f}"])
+        print("  " + "  ".join(rows[-1]), file=sys.stderr, flush=True)
+    print(table(["λ", "straggler", "SYNC samples/s", "ADPSGD samples/s", "ADPSGD/SYNC",
+                 "ADPSGD ⟨σ⟩", "σ p99", "wall s", "peak RSS MiB"], rows,
+                title=f"ADPSGD against SYNC, one learner {args.factor:g}× slower (simulated)"))
+
+
+SWEEPS = {"fig3": fig3, "psp": psp, "adpsgd": adpsgd}
+DEFAULT_LEARNERS = {"fig3": [30, 300, 3000, 30000], "psp": [32, 320, 3200],
+                    "adpsgd": [100, 1000, 3000]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("sweep", choices=("fig3", "psp"))
+    ap.add_argument("sweep", choices=tuple(SWEEPS))
     ap.add_argument("--learners", nargs="+", type=int)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, help="minibatches per learner (20; adpsgd: 10)")
+    ap.add_argument("--factor", type=float, default=10.0, help="adpsgd: the straggler's slowdown")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
-    args.learners = args.learners or ([30, 300, 3000, 30000] if args.sweep == "fig3"
-                                      else [32, 320, 3200])
+    args.learners = args.learners or DEFAULT_LEARNERS[args.sweep]
+    args.steps = args.steps or (10 if args.sweep == "adpsgd" else 20)
     work = args.out or Path(tempfile.mkdtemp(prefix="sim_sweeps_"))
-    (fig3 if args.sweep == "fig3" else psp)(args, work)
+    SWEEPS[args.sweep](args, work)
     return 0
 
 

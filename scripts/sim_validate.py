@@ -9,7 +9,8 @@ is the quickstart config with ``inject.compute_time`` (default 0.01 s) of emulat
 ``--acceptance`` runs only issue 23's acceptance case: async, calibrated at λ = 8, at λ = 16.
 ``--repeats 2`` runs each real case a second time and prints the second run's figures over the
 first's: the spread of the real runs themselves, against which a miss is to be read.
-The strategies pserver-sim does not run (adpsgd, sync, ...) are listed as such.
+ADPSGD and SYNC (no shard: λ + 2 ranks) run at λ ≤ 16 only (issue 23: λ = 4, 8, 16).
+The strategies pserver-sim does not run are listed as such.
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ STRATEGIES = {
     "psp": lambda n: ["protocol.name=psp", f"protocol.c={max(1, n // 2)}",
                       "inject.pull_delay_prob=0.01", "inject.pull_delay=0.05"],
     "ssp": lambda n: ["protocol.name=ssp", "protocol.s=2"],
-    "adpsgd": None,
-    "sync": None,
+    "adpsgd": lambda n: ["protocol.name=adpsgd"],
+    "sync": lambda n: ["protocol.name=sync"],
 }
+#: learners-only strategies: no shard rank, and validated up to this λ
+LEARNERS_ONLY = {"adpsgd": 16, "sync": 16}
 TARGETS = {"sigma": 0.10, "p99": 0.20, "rate": 0.20}  # |sim/real − 1| at most
 
 
@@ -50,7 +53,8 @@ def figures(dump_dir: Path) -> dict[str, float]:
 
 def real(launcher: Launcher, args: argparse.Namespace, out: Path, keys: list[str]) -> Path:
     n = int(next(k for k in keys if k.startswith("cluster.learners=")).split("=")[1])
-    launcher.run(n + 3, [*pserver_run(args), str(CONFIG), f"run.out_dir={out}",
+    shards = 0 if any(f"protocol.name={s}" in keys for s in LEARNERS_ONLY) else 1
+    launcher.run(n + 2 + shards, [*pserver_run(args), str(CONFIG), f"run.out_dir={out}",
                          "stats.progress=false", *keys])
     return out
 
@@ -111,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         keys = lambda n, name=name: [f"cluster.learners={n}", *STRATEGIES[name](n), *common]  # noqa: E731
         fit_from = real(launcher, args, work / name / f"real{args.calibrate_at}",
                         keys(args.calibrate_at))
-        for n in args.learners:
+        for n in [n for n in args.learners if n <= LEARNERS_ONLY.get(name, n)]:
             r_dir = fit_from if n == args.calibrate_at else work / name / f"real{n}"
             if n != args.calibrate_at:
                 real(launcher, args, r_dir, keys(n))

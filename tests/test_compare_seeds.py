@@ -18,8 +18,10 @@ from pserver.stats.compare_seeds import comparison_rows, seed_groups
 from pserver.stats.tables import run_config
 
 
-def run(path, name="hardsync", seed=0, lr=0.05, sigma=(0, 0), errors=(0.5, 0.3), out="runs/x"):
-    """A finished dump: the given applied σ (``staleness`` rows) and test errors."""
+def run(path, name="hardsync", seed=0, lr=0.05, sigma=(0, 0), errors=(0.5, 0.3), out="runs/x",
+        lost=False):
+    """A finished dump: the given applied σ (``staleness`` rows) and test errors (``lost``:
+    learner 1 lost after its step 0)."""
     cfg = {"run": {"seed": seed, "out_dir": out, "epochs": len(errors)},
            "protocol": {"name": name}, "optim": {"lr": lr}}  # fmt: skip
     attrs = {"config": cfg, "protocol": name, "n_learners": 2, "n_servers": 1,
@@ -36,6 +38,9 @@ def run(path, name="hardsync", seed=0, lr=0.05, sigma=(0, 0), errors=(0.5, 0.3),
         w.append("test", epoch=np.arange(1.0, e + 1), time=np.arange(1.0, e + 1) * (1 + seed),
                  samples=100 * np.arange(1, e + 1), timestamp=np.arange(1, e + 1),
                  loss=np.ones(e), error=np.asarray(errors))  # fmt: skip
+        if lost:
+            w.append("learners_lost", learner=np.array([1]), rank=np.array([4]),
+                     time=np.array([0.5]), last_step=np.array([0]), learners=np.array([1]))
     return load_dump(path)
 
 
@@ -123,3 +128,19 @@ def test_fourteen_runs_stay_readable(tmp_path):
     box = legend.get_window_extent(renderer)
     for ax in fig.axes:  # the legend is below the panels, over none of them
         assert not box.overlaps(ax.get_window_extent(renderer)), ax.get_title()
+
+
+def test_compare_shows_a_lost_learner(tmp_path, capsys):
+    """A run that lost a learner (issue 22) says so in the table and under it; the seed
+    group's row counts the losses on average; runs without a loss keep the narrow table."""
+    a = run(tmp_path / "a.h5", "async", 0, out="runs/a")
+    b = run(tmp_path / "b.h5", "async", 1, out="runs/b", lost=True)
+    rows = comparison_rows([a, b])
+    assert [r["learners_lost"] for r in rows] == [0.5] and rows[0]["learners_lost_std"] > 0
+    assert cli.main(["compare", str(tmp_path / "a.h5"), str(tmp_path / "b.h5")]) == 0
+    out = capsys.readouterr().out
+    assert " lost" in out.splitlines()[0]
+    assert f"lost: {tmp_path / 'b.h5'}: learner 1 (rank 4) at t=0.5s after step 0; λ = 1" in out
+    assert cli.main(["compare", str(tmp_path / "a.h5")]) == 0
+    out = capsys.readouterr().out
+    assert " lost" not in out.splitlines()[0] and "lost:" not in out

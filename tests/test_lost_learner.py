@@ -10,12 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pserver.comm.collectives import reconcile
 from pserver.comm.departures import ulfm_enabled
 from pserver.dump.check import check_dump
 from pserver.dump.reader import Dump, summarize
 from pserver.plan.config import load_config
 from pserver.protocols.base import Arrival
 from pserver.protocols.block import BlockRound
+from pserver.protocols.bmuf_block import BlockMomentumShard
 from pserver.protocols.psp import PartialPush
 from pserver.protocols.rudra import Hardsync, Softsync
 from pserver.protocols.ssp import StaleSynchronous
@@ -117,9 +119,91 @@ def test_parameter_server_strategies_survive_without_trees_windows_or_pauses(nam
         assert not survives_lost_learner(load_config(None, [f"protocol.name={name}", extra]))
 
 
-@pytest.mark.parametrize("name", ["sync", "hybrid", "adpsgd", "bmuf", "ma"])
-def test_other_strategies_end_the_job_on_a_lost_learner(name):
-    assert not survives_lost_learner(load_config(None, [f"protocol.name={name}"]))
+@pytest.mark.parametrize("name", ["sync", "hybrid", "bmuf", "ma"])  # adpsgd: test_lost_ring.py
+def test_collective_and_model_averaging_strategies_survive_without_pauses(name):
+    assert survives_lost_learner(load_config(None, [f"protocol.name={name}"]))
+    paused = load_config(None, [f"protocol.name={name}", "run.checkpoint_interval=5"])
+    assert not survives_lost_learner(paused)
+
+
+# -- SYNC/HYBRID: the survivors' reconciliation after a regroup ------------------------------------
+
+
+def test_reconcile_redoes_the_step_every_survivor_is_at():
+    assert reconcile([7, 7, 7]) == (7, 7, 0)  # nobody completed step 7's sum: all redo it
+
+
+def test_reconcile_sends_the_completed_sum_from_the_first_survivor_ahead():
+    # survivor 1 and 2 completed step 7's sum (the dead learner's gradient is in it), 0 did not
+    assert reconcile([7, 8, 8]) == (7, 8, 1)
+    assert reconcile([8, 7, 8]) == (7, 8, 0)
+
+
+def test_reconcile_refuses_survivors_two_steps_apart():
+    with pytest.raises(ValueError, match="drifted apart"):
+        reconcile([5, 7])
+
+
+# -- BMUF/MA: the block average after a loss -------------------------------------------------
+
+
+def bmuf_shard(overrides: list[str], n_learners: int = 4) -> BlockMomentumShard:
+    cfg = load_config(None, ["protocol.tau=2", *overrides])
+    return BlockMomentumShard.build(np.zeros(1), cfg, n_learners, train_size=100, xp=np)
+
+
+def deliver(b: BlockMomentumShard, learner: int, model: float) -> None:
+    buf = b.inbox()
+    buf[...] = model
+    assert b.accept([(learner, b.ts, None)], buf, 0.0).accepted
+    b.keep()
+
+
+def test_bmuf_block_averages_the_three_left_and_recomputes_eta():
+    """Learner 3 dies before its delta of block 1: the round closes with three, W̄ is their
+    mean (eq. 2 over λ − 1) and η = 1 − 1/λ (eq. 10) becomes 2/3."""
+    b = bmuf_shard(["protocol.name=bmuf", "protocol.nesterov=false"])
+    assert b.rule.filter.eta == 0.75
+    for k, m in ((0, 1.0), (1, 2.0)):
+        deliver(b, k, m)
+    b.protocol.lose(3)
+    assert not b.ready(0.0)
+    deliver(b, 2, 6.0)
+    assert b.ready(0.0)
+    d = b.commit()
+    assert d.divisor == 3
+    b.apply(d)
+    assert b.rule.filter.eta == pytest.approx(2 / 3)
+    assert b.w[0] == pytest.approx(3.0)  # Δ(0) = 0: W(1) = W̄(1) = (1 + 2 + 6) / 3, ζ = 1
+    assert b.rule.delta[0] == pytest.approx(3.0)
+
+
+def test_bmuf_keeps_an_eta_the_config_set_and_ma_stays_an_average():
+    b = bmuf_shard(["protocol.name=bmuf", "protocol.block_momentum=0.5"])
+    b.protocol.lose(0)
+    for k in (1, 2, 3):
+        deliver(b, k, 3.0)
+    b.apply(b.commit())
+    assert b.rule.filter.eta == 0.5
+    ma = bmuf_shard(["protocol.name=ma"])
+    ma.protocol.lose(1)
+    for k, m in ((0, 1.0), (2, 2.0), (3, 6.0)):
+        deliver(ma, k, m)
+    ma.apply(ma.commit())
+    assert ma.rule.filter.eta == 0.0 and ma.w[0] == pytest.approx(3.0)  # W(t) = W̄(t)
+
+
+def test_bmuf_a_dead_learners_whole_delta_stays_in_its_round():
+    b = bmuf_shard(["protocol.name=ma"])
+    for k, m in ((0, 1.0), (3, 5.0)):
+        deliver(b, k, m)
+    b.protocol.lose(3)  # its delta arrived whole before it died
+    for k, m in ((1, 2.0), (2, 4.0)):
+        deliver(b, k, m)
+    d = b.commit()
+    assert d.divisor == 4
+    b.apply(d)
+    assert b.w[0] == pytest.approx(3.0)
 
 
 def test_ulfm_is_open_mpi_launched_with_fault_tolerance():

@@ -23,6 +23,15 @@ def fails(tmp_path, n, *overrides, config=QUICKSTART):
     return lines[0]
 
 
+def fails_writing_nothing(tmp_path, n, *overrides, config=QUICKSTART):
+    """:func:`fails` into ``tmp_path / "run"``, which must not exist afterwards (issue 22: a
+    refused run writes nothing, also when only a rank other than the statistics server —
+    which checks and creates ``run.out_dir`` — finds the input bad)."""
+    line = fails(tmp_path / "run", n, *overrides, config=config)
+    assert not (tmp_path / "run").exists(), line
+    return line
+
+
 @pytest.mark.parametrize(
     "n, overrides, expected",
     [
@@ -45,7 +54,17 @@ def fails(tmp_path, n, *overrides, config=QUICKSTART):
     ],
 )
 def test_bad_input_one_clear_message(tmp_path, n, overrides, expected):
-    assert expected in fails(tmp_path / "run", n, *overrides)
+    assert expected in fails_writing_nothing(tmp_path, n, *overrides)
+
+
+def test_gpu_without_cupy_is_refused_writing_nothing(tmp_path):
+    """Only the learners and shards select the device: the statistics server had created the
+    run directory before their refusal reached it (issue 22's last two unclean inputs)."""
+    import importlib.util
+
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here: run.device = gpu is not bad input")
+    assert "needs CuPy" in fails_writing_nothing(tmp_path, 7, "run.device=gpu")
 
 
 def test_malformed_dataset_and_missing_config(tmp_path):

@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from mpi4py import MPI
@@ -44,6 +44,7 @@ from pserver.comm.waiting import Waiter
 
 DEFAULT_BUCKET_MIB = 16.0  # docs/architecture.md, "Collectives among the learners"
 DEFAULT_IN_FLIGHT = 4
+T = TypeVar("T")
 
 
 def learner_comm(world: MPI.Comm, learners: Sequence[int]) -> MPI.Comm | None:
@@ -151,10 +152,17 @@ class Allreducer:
             self.clock.observe(self.nbytes, time.monotonic() - t0)
             return True
 
-        self._busy = handle = Handle(self.waiter, step, f"an allreduce of {self.n} elements")
+        # a learner's loss (ULFM) ends the sum with CollectiveLost, never as a false completion
+        checked = fail_fast(self.waiter, step)
+        self._busy = handle = Handle(self.waiter, checked, f"an allreduce of {self.n} elements")
         handle.tight_until = t0 + self.clock.window(self.nbytes)
         handle.test()  # posts the first buckets
         return handle
+
+    def rebind(self, comm: MPI.Comm) -> None:
+        """Sum over ``comm`` from now on (the learners' communicator shrunk after a loss);
+        the operation that failed is dropped (its buckets may hold partial sums)."""
+        self.comm, self._busy = comm, None
 
     def _post(self, i: int, array: Any) -> MPI.Request:
         a, b = self.buckets[i]
@@ -166,3 +174,102 @@ class Allreducer:
             a, b = self.buckets[i]
             self.host.from_host(i, array[a:b])
 
+
+
+# -- a lost learner under Open MPI's ULFM (issue 22) ---------------------------------------------
+
+
+class CollectiveLost(Exception):
+    """A collective among the learners failed because a learner died (ULFM): the survivors
+    regroup (``pserver.roles.allreduce.Regroup``) instead of ending the job.
+    ``error``: the MPI error (``MPI_ERR_PROC_FAILED`` or ``MPI_ERR_REVOKED``)."""
+
+    def __init__(self, error: MPI.Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def survivable(waiter: Waiter, error: BaseException) -> bool:
+    """Whether ``error``, raised by a collective among the learners, is the loss of a learner
+    this run survives: the run has departures (ULFM on, a strategy that survives) and MPI says
+    a process failed, or another survivor revoked the communicator (it only does so after the
+    loss of a learner, which this rank's own detector may not have seen yet). A failed rank
+    that is not a learner is never survivable (``PeerLog.absorb``: the job ends naming it)."""
+    from pserver.comm.departures import is_failure
+
+    peers = waiter.peers
+    if peers.departures is None or not isinstance(error, MPI.Exception) or not is_failure(error):
+        return False
+    if error.Get_error_class() == MPI.ERR_REVOKED:
+        new, fatal = peers.departures.absorb()
+        if fatal:
+            peers.fatal = fatal
+            return False
+        return True
+    return peers.absorb(error, waiter.log)
+
+
+def fail_fast(waiter: Waiter, test: Callable[[], T]) -> Callable[[], T]:
+    """``test`` (or a post) with a survivable failure raised as :class:`CollectiveLost`, so
+    that the Waiter does not absorb it and test a failed collective again as if it had
+    completed."""
+
+    def checked() -> T:
+        try:
+            return test()
+        except MPI.Exception as e:
+            if survivable(waiter, e):
+                raise CollectiveLost(e) from e
+            raise
+
+    return checked
+
+
+class FailFastWaiter:
+    """The :class:`~pserver.comm.waiting.Waiter` of a learners' collective (the drift check,
+    the stop vote): its ``wait`` raises :class:`CollectiveLost` on a learner's loss; anything
+    else is the Waiter's."""
+
+    def __init__(self, waiter: Waiter) -> None:
+        self._waiter = waiter
+
+    def wait(self, request: MPI.Request, what: Callable[[], str] | str) -> None:
+        self._waiter.until(fail_fast(self._waiter, request.Test), what)
+
+    def post(self, start: Callable[[], T]) -> T:
+        """Post a collective: on a communicator revoked after a loss, :class:`CollectiveLost`."""
+        return fail_fast(self._waiter, start)()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._waiter, name)
+
+
+def gone(old: MPI.Comm, new: MPI.Comm, world: MPI.Comm) -> list[int]:
+    """The ranks of ``world`` in ``old`` but not in ``new`` (the learners a shrink left out)."""
+    og, ng, wg = old.Get_group(), new.Get_group(), world.Get_group()
+    try:
+        ranks = MPI.Group.Translate_ranks(og, list(range(og.Get_size())), wg)
+        kept = set(MPI.Group.Translate_ranks(ng, list(range(ng.Get_size())), wg))
+    finally:
+        for g in (og, ng, wg):
+            g.Free()
+    return sorted(int(r) for r in ranks if r not in kept)
+
+
+def reconcile(applied: Sequence[int]) -> tuple[int, int, int]:
+    """The survivors' agreement after a regroup, from each survivor's count of applied
+    averages (in the shrunk communicator's rank order): ``(lo, hi, root)``.
+
+    In lockstep the counts differ by at most one: a survivor cannot complete the sum of step
+    ``k + 1`` before every survivor has started it, which each does only after completing the
+    sum of step ``k``. A survivor at ``lo < hi`` failed in the sum of step ``lo`` that the
+    others completed (the dead learner's contribution is in it): it takes that sum from
+    ``root``, the first survivor at ``hi``, and applies it (with the old λ). Every survivor is
+    then at ``hi``; the sum of step ``hi`` (in flight on some, on none when a drift check or
+    the end agreement failed) is redone over the survivors alone: the dead learner's step
+    ``hi`` is the only work lost. Pure: tested in ``tests/test_lost_learner.py``.
+    """
+    lo, hi = min(applied), max(applied)
+    if hi - lo > 1:
+        raise ValueError(f"lockstep learners applied {lo} and {hi} averages: they drifted apart")
+    return lo, hi, list(applied).index(hi)

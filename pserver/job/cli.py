@@ -207,6 +207,9 @@ def rank_main(argv: list[str] | None, world: MPI.Comm) -> int:
         return 1  # not reached
     code, speaks, suffix = outcome(statuses, rank)
     if code:
+        from pserver.runtime.outdir import undo_out_dir
+
+        undo_out_dir()  # the statistics server's check created it: a refused run writes nothing
         if speaks:
             assert error is not None
             message = failure_message(error, rank, size)
@@ -225,8 +228,6 @@ def rank_main(argv: list[str] | None, world: MPI.Comm) -> int:
     except BaseException as e:
         die(abort_message(e, plan, peers), world)
         return 1  # not reached: Abort ends every rank
-    if learners is not None:  # every learner gets here once its run has ended
-        learners.Free()
     if code == STOPPED and plan.role is Role.STATS:  # the rank that committed the checkpoint
         print(stopped_line(plan.cfg.run.out_dir, size), file=sys.stderr, flush=True)
     return code
@@ -291,7 +292,7 @@ def run(plan: Plan, start: Start, world: MPI.Comm) -> int:
     from pserver.comm.channels import Channels
     from pserver.comm.departures import departures_of
     from pserver.optim.blas import limit_blas_threads
-    from pserver.runtime.context import Context, Runtime, make_waiter
+    from pserver.runtime.context import Context, LearnerComm, Runtime, make_waiter
 
     cfg, resume, peers = plan.cfg, start.resume, start.peers
     log = setup_logging(plan.rank, plan.layout.describe(plan.rank), cfg.run.log_level)
@@ -336,9 +337,9 @@ def run(plan: Plan, start: Start, world: MPI.Comm) -> int:
     PHASES.mark("start barrier")
     # a resumed run's clock goes on from the checkpointed run's (the dump's times continue)
     t0 = time.time() - (resume.elapsed if resume is not None else 0.0)
+    learners = LearnerComm(start.learner_comm)  # ADPSGD's repair may replace it (ULFM)
     runtime = Runtime(
-        log, start.backend, channels, peers, t0, shm, start.learner_comm, start.hosts,
-        start.pids, resume,
+        log, start.backend, channels, peers, t0, shm, learners, start.hosts, start.pids, resume
     )  # fmt: skip
     # one part, or one per periodic checkpoint (each driver built from the last one's state,
     # its context the same plan and runtime with that state as the resume)
@@ -347,6 +348,8 @@ def run(plan: Plan, start: Start, world: MPI.Comm) -> int:
     if shm is not None:
         shm.free()
     channels.free()
+    if learners.comm is not None:  # every learner gets here once its run has ended
+        learners.comm.Free()
     PHASES.mark("finish")
     return code
 

@@ -9,10 +9,19 @@ never the look-ahead.
 
 A "gradient" here is a local model worth τ minibatches, so the epochs count ``applied · τ ·
 batch`` samples.
+
+A lost learner (Open MPI's ULFM, issue 22): the shard calls the round's ``lose``
+(:meth:`pserver.protocols.block.BlockRound.lose`), so the round closes with the λ − 1 deltas
+left, and W̄(t) of eq. (2) is their mean (the divisor is the deltas in the round; a delta the
+dead learner had sent whole before it died stays in its round, one it left half sent never
+entered it: the shard discards it, ``pserver.roles.server``). Where η is eq. (10)'s default,
+η = 1 − 1/λ, the next :meth:`apply` recomputes it with the new λ (:meth:`follow`), keeping
+the filter's total gain ζ / (λ(1 − η)) = C = 1 of eq. (10); an η the config set stays.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pserver.optim.block_momentum import BlockMomentum, Filter, default_block_momentum
@@ -21,6 +30,7 @@ from pserver.protocols import make_protocol
 from pserver.protocols.base import Protocol, UpdateDecision
 from pserver.protocols.epochs import EpochCounter
 from pserver.protocols.shard_block import Applied, ShardBlock
+from pserver.strategies.base import BLOCK_MOMENTUM
 from pserver.strategies.bmuf import AUTO
 
 if TYPE_CHECKING:
@@ -52,6 +62,8 @@ class BlockMomentumShard(ShardBlock):
         self.rule = rule
         self.first_served = w  # the first version pulls read (W_g(0) = w0)
         self.w = xp.array(w, copy=True)  # W(t), ours alone; ``w`` stays the first served version
+        self.n_learners = protocol.n_learners  # λ the filter was made for
+        self.auto_eta = False  # η is eq. (10)'s 1 − 1/λ (build: protocol.block_momentum = -1)
 
     @classmethod
     def build(
@@ -65,11 +77,26 @@ class BlockMomentumShard(ShardBlock):
             cfg.run.epoch_basis,
         )  # fmt: skip
         rule = BlockMomentum(flt, w.size, xp, w.dtype)
-        return cls(w, make_protocol(cfg, n_learners), rule, cfg.optim, epochs, xp)
+        shard = cls(w, make_protocol(cfg, n_learners), rule, cfg.optim, epochs, xp)
+        shard.auto_eta = cfg.protocol.name == "bmuf" and cfg.protocol.block_momentum == AUTO
+        return shard
+
+    def follow(self, n_learners: int) -> None:
+        """λ is now ``n_learners`` (learners were lost): η = 1 − 1/λ again where it is eq.
+        (10)'s default, so that the filter's gain ζ / (λ(1 − η)) stays C = 1; Δ(t) is kept
+        (the momentum of the blocks so far is the survivors' as much as the dead one's)."""
+        self.n_learners = n_learners
+        if self.auto_eta and n_learners > 0:
+            f = self.rule.filter
+            self.rule.filter = replace(f, eta=default_block_momentum(n_learners))
+            if self.rule.filter.looks_ahead and self.rule.ahead is None:
+                self.rule.ahead = self.xp.empty_like(self.w)
 
     def apply(self, decision: UpdateDecision, into: Any = None) -> Applied:
         """W̄(t) = the mean local model, then eqs. (2)–(4) on W; W_g(t) into ``into``."""
         g = self.accum if self.held is None else self.held
+        if self.protocol.n_learners != self.n_learners:  # a learner was lost (issue 22)
+            self.follow(self.protocol.n_learners)
         if decision.divisor != 1.0:
             self.xp.multiply(g, 1.0 / decision.divisor, out=g)
         norms = self.rule.step(self.w, g)
@@ -93,3 +120,7 @@ class BlockMomentumShard(ShardBlock):
         """Resumed (``pserver.ckpt.records.shard.restore_block``: W(t) and Δ(t) are in): the first
         version pulls read becomes W_g(t), eq. 5 or 6, instead of w0."""
         self.serve(self.first_served)
+
+
+#: ``Strategy.shard_block`` -> the block's arithmetic (the real shard's and the simulated one's).
+SHARD_BLOCKS: dict[str, type[ShardBlock]] = {"": ShardBlock, BLOCK_MOMENTUM: BlockMomentumShard}

@@ -75,6 +75,23 @@ class RunPlan:
         return self.counter.advance((step + 1) * self.n_learners)  # S·λ ≥ M: the last is done
 
 
+@dataclass
+class ModelVersion:
+    """A lockstep learner's model version (the averaged gradients applied to it) and the σ of
+    each one it applies; the real learner (``pserver.roles.lockstep_model``) and the simulated
+    one (``pserver.sim.collective``) keep it here."""
+
+    value: int = 0
+
+    def applied(self, computed_at: int) -> int:
+        """σ of an averaged gradient computed on version ``computed_at`` (docs/stats.md,
+        *Staleness σ*: the averaged updates applied since; SYNC 0, HYBRID 1, IBM Table 1),
+        applied now: the version grows by one."""
+        sigma = self.value - computed_at
+        self.value += 1
+        return sigma
+
+
 LOCKSTEP = "lockstep"  # every learner takes S steps
 FREE = "free"  # the global count stops at M, whoever takes them
 

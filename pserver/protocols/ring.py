@@ -36,6 +36,21 @@ answering. A sender's goodbye follows its last request on the same channel, whic
 order, so a request can never arrive after its sender's goodbye (checked: :class:`Goodbyes`
 raises). Each of those waits ends by the liveness argument above.
 
+A lost learner (issue 22, Open MPI's ULFM)
+------------------------------------------
+:meth:`Ring.lose` is the ring of the survivors: the learners keep their order and are
+numbered again 0…λ′−1 by **position** (:attr:`Ring.members` maps a position to the learner's
+id of the run's start), and roles and neighbours are those of a fresh ring of λ′ — even
+positions send, odd ones receive, the edge (λ′−1, 0) cut when λ′ is odd — so the graph is
+bipartite again by the construction above. Keeping the old roles would not do: the dead
+learner's two neighbours have the same role and cannot be joined, so an odd ring (a path)
+would fall apart in two, and after a second loss two senders could be left alone. Positions
+are the ranks of the learners' communicator shrunk to the survivors (MPI keeps their
+relative order), so every survivor computes the same ring from the same set of losses. A
+ring of one learner has no neighbour: it trains alone. The exchange switches to the new
+ring only at a cut where no exchange of the old one is in flight (``pserver.roles.gossip``:
+the old communicator is revoked, so every request on it ends, then shrunk).
+
 Atomicity (the doubly stochastic mix)
 -------------------------------------
 The paper requires w_i ← (w_i + w_j)/2 on both sides with the **same** pair of models, so each
@@ -74,13 +89,35 @@ class GossipError(RuntimeError):
 
 @dataclass(frozen=True)
 class Ring:
-    """The bipartite ring of ``size`` learners (see the module docstring)."""
+    """The bipartite ring of ``size`` learners (see the module docstring). Its methods speak
+    in positions 0…size−1; ``members`` are the learners at those positions (default: learner
+    ``i`` at position ``i``; after :meth:`lose`, the survivors in their order)."""
 
     size: int
+    members: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.size < 2:
-            raise ValueError(f"ADPSGD needs at least 2 learners, not {self.size}")
+        if not self.members:
+            if self.size < 2:
+                raise ValueError(f"ADPSGD needs at least 2 learners, not {self.size}")
+            object.__setattr__(self, "members", tuple(range(self.size)))
+        if len(self.members) != self.size or self.size < 1:
+            raise ValueError(f"a ring of {self.size} learners with members {self.members}")
+        if list(self.members) != sorted(set(self.members)):
+            raise ValueError(f"ring members {self.members} are not distinct and in order")
+
+    def lose(self, learner: int) -> Ring:
+        """The ring of the survivors once ``learner`` (a member's id) is lost (module
+        docstring, *A lost learner*)."""
+        if learner not in self.members:
+            raise ValueError(f"learner {learner} is not in the ring {self.members}")
+        if self.size == 1:
+            raise ValueError("the last learner of the ring cannot be lost")
+        return Ring(self.size - 1, tuple(m for m in self.members if m != learner))
+
+    def position(self, learner: int) -> int:
+        """The position of ``learner`` (its rank in the learners' communicator of this ring)."""
+        return self.members.index(learner)
 
     def role(self, i: int) -> str:
         return SENDER if i % 2 == 0 else RECEIVER
@@ -88,6 +125,8 @@ class Ring:
     def neighbours(self, i: int) -> tuple[int, ...]:
         """``i``'s neighbours, left first; the edge (λ−1, 0) is left out when λ is odd."""
         n = self.size
+        if n == 1:
+            return ()  # the last learner: it trains alone
         left, right = (i - 1) % n, (i + 1) % n
         cut = n % 2 == 1  # odd ring: (n-1, 0) would join two senders
         out = []
@@ -102,6 +141,8 @@ class Ring:
         if self.role(i) != SENDER:
             raise ValueError(f"learner {i} is a receiver: it starts no exchange")
         nb = self.neighbours(i)
+        if not nb:
+            raise ValueError(f"learner {i} is alone in the ring: it has no partner")
         return nb[k % len(nb)]
 
     def edges(self) -> set[frozenset[int]]:
@@ -152,6 +193,79 @@ class VectorClock:
     def merge(self, other: Sequence[int]) -> None:
         """The neighbour's clock (as it was when its model was taken) is now mixed into ours."""
         self.steps = [max(a, int(b)) for a, b in zip(self.steps, other, strict=True)]
+
+
+class GossipLedger:
+    """One learner's gossip bookkeeping (pure): its vector clock, the averages mixed into its
+    model, the version of the model its next gradient is computed on, the sender's exchange
+    index, and the staleness σ of each gradient it applies. The real exchange
+    (``pserver.roles.gossip``) and the simulated one (``pserver.sim.gossip``) both keep their
+    books here, so the dump's σ and ``exchanges`` rows follow one rule.
+
+    σ (docs/stats.md, *Staleness σ*: one definition for every family): the model's
+    **version** counts the updates applied to it, local steps and averages; a gradient's σ is
+    the version at its update minus the version it was computed on, i.e. the averages mixed in
+    meanwhile (no local step can fall between: only the learner's own thread applies them).
+    IBM §3, Table 1: "at best 1"."""
+
+    def __init__(self, ring: Ring, me: int) -> None:
+        self.ring, self.me = ring, me
+        self.role = ring.role(me)
+        self.clock = VectorClock(ring.size, me)
+        self.exchanged = 0  # averages mixed into the model
+        self.snap_version = 0  # version() of the model the next gradient is computed on
+        self.k = 0  # a sender's exchanges started (its partner alternates with it)
+
+    def version(self) -> int:
+        """The version of the model: the updates applied to it so far."""
+        return self.clock.own + self.exchanged
+
+    def snapshot(self) -> None:
+        """The next gradient is computed on the model as it is now."""
+        self.snap_version = self.version()
+
+    def gradient(self) -> tuple[int, int]:
+        """(version it was computed on, σ) of the gradient about to be applied."""
+        return self.snap_version, self.version() - self.snap_version
+
+    def stepped(self) -> int | None:
+        """The local update is applied: one more step; the partner a sender now exchanges
+        with (``Ring.partner``), None for a receiver."""
+        self.clock.tick()
+        if self.role != SENDER or not self.ring.neighbours(self.me):  # alone after losses
+            return None
+        partner = self.ring.partner(self.me, self.k)
+        self.k += 1
+        return partner
+
+    def regroup(self, ring: Ring, me: int) -> None:
+        """After a loss (:meth:`Ring.lose`): the survivors' ring, with this learner at position
+        ``me`` and its role there; the clock stays over the learners of the run's start and the
+        exchange index goes on (the partner schedule alternates from there)."""
+        self.ring, self.me, self.role = ring, me, ring.role(me)
+
+    def mixed(self, partner_step: int, partner_clock: Sequence[int]) -> tuple[int, int]:
+        """A neighbour's model (of its step ``partner_step``, with its clock) is averaged into
+        ours: (our step, the neighbour model's age), then the clock merges and the version
+        grows by one."""
+        step = self.clock.own
+        self.clock.merge(partner_clock)
+        self.exchanged += 1
+        return step, age(step, partner_step)
+
+
+def averages_again(
+    completed: Sequence[int], inflight: int | None, due: Iterable[int], common: int
+) -> tuple[list[int], list[int]]:
+    """After a loss, where one learner's epoch averages go on (``pserver.roles.gossip_model``):
+    ``completed`` are the epochs whose average completed here, in order, ``inflight`` the one
+    abandoned, ``due`` those not posted yet, ``common`` how many of the common sequence every
+    survivor completed (their minimum). Returns (completed, due): the first ``common`` kept,
+    every later one averaged again, in the order all survivors post them."""
+    if common > len(completed):
+        raise ValueError(f"{common} epochs completed everywhere but {len(completed)} here")
+    again = list(completed[common:]) + ([inflight] if inflight is not None else []) + list(due)
+    return list(completed[:common]), again
 
 
 def age(own_step: int, partner_step: int) -> int:

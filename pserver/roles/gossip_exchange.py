@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pserver.protocols.ring import local_epoch
 from pserver.roles.exchange import Exchange
 from pserver.roles.gossip import Gossip
 
@@ -17,7 +16,8 @@ class GossipExchange(Exchange):
     (the parameter-server path's rule, schedule and weight decay, applied here) followed by
     the exchange, ``finish()`` the goodbyes, then the average model for the statistics server
     (``pserver.roles.gossip_model``); ``state()`` / ``restore()`` its checkpoint
-    (``pserver.ckpt.drivers.gossip``)."""
+    (``pserver.ckpt.drivers.gossip``). A lost learner (issue 22): the gossip breaks and
+    repairs its ring (``pserver.roles.gossip``), the averages follow (``on_repair``)."""
 
     freeze_after_weights = False
     relayed_bytes = 0  # weights forwarded for others: none (an exchange is one's own model)
@@ -38,11 +38,13 @@ class GossipExchange(Exchange):
         # scale 1: one's own gradient
         self.rule = rule = LocalUpdate(cfg.optim, weights.size, xp, weights.dtype)
         self.backend = ctx.backend
-        lam, batch, n_train = ctx.learner_comm.Get_size(), cfg.data.batch_size, ctx.train_size
+        self.ctx = ctx
+        batch, n_train = cfg.data.batch_size, ctx.train_size
 
         def apply(w: Any, g: Any, step: int) -> None:
             # the epoch of this learner's step: λ learners at its pace took step·λ minibatches
-            rule.step(w, g, local_epoch(step, lam, batch, n_train))
+            # (pserver.protocols.ring.local_epoch; λ′ a step after a loss: minibatches())
+            rule.step(w, g, self.average.minibatches(step) * batch / n_train)
 
         stage = None
         if staged(ctx.backend, cfg.comm.staging):
@@ -54,6 +56,14 @@ class GossipExchange(Exchange):
             start=getattr(ctx, "resume", None) is None,  # resumed: once restored (restore())
         )  # fmt: skip
         self.average = GossipModel(ctx, weights, self.gossip.lock)
+        g, avg = self.gossip, self.average
+        avg.broken, avg.check, avg.fail = (lambda: g.broken), g.check, g.fail
+        g.on_break.append(avg.revoke)
+        g.on_repair.extend([avg.repaired, self.repaired])
+
+    def repaired(self, comm: Any) -> None:
+        """The learners' communicator is now the survivors' (freed at the end, job.cli)."""
+        self.ctx.runtime.learners.replace(comm)
 
     def attach(self, records: Any) -> None:
         """Where the ``exchanges`` rows go (the trainer's record buffer)."""
@@ -83,9 +93,11 @@ class GossipExchange(Exchange):
         self.gossip.close()
 
     def finish(self) -> None:
-        self.gossip.finish()  # goodbyes first: the final average is then the mean of the models
-        self.flush_rows()
-        self.average.finish(self.gossip.w, self.gossip.clock.own)
+        while True:  # again after a lost learner broke the ring under the averages
+            self.gossip.finish()  # goodbyes first: the final average is then the models' mean
+            self.flush_rows()
+            if self.average.finish(self.gossip.w, self.gossip.clock.own):
+                return
 
     def signalled(self) -> None:
         """The trainer stopped at a signal: ``finish`` cuts the epoch averages for a resume."""

@@ -22,6 +22,15 @@ it at its next step or in ``done()``; the thread tests it with back-off until it
 and a wait ends once it has (``CommEngine.wait``: the condition is evaluated after every
 progress that completed a bucket). The drift collectives at an epoch end run with no
 allreduce in flight, at the same step index on every learner.
+
+A lost learner under Open MPI's ULFM (issue 22): SYNC's regroup
+(:class:`pserver.roles.allreduce.Regroup`). The communication thread that sees the allreduce
+fail keeps the error (:attr:`HybridExchange.lost`) and drops the operation; the learner's
+thread, waiting in :meth:`HybridExchange.land`, regroups with the other survivors (no MPI on
+the learners' communicator runs in the thread meanwhile: nothing is in flight). The count of
+applied averages says where each survivor is: one behind applies the sum of step ``f`` the
+others completed, then starts step ``f + 1`` as usual; one at the top redoes the sum in flight
+with its own gradient (kept when it was started) over the survivors.
 """
 
 from __future__ import annotations
@@ -30,10 +39,10 @@ from typing import Any
 
 from pserver.ckpt.drivers.lockstep import HybridCut
 from pserver.ckpt.files import State
-from pserver.comm.collectives import Handle
+from pserver.comm.collectives import CollectiveLost, Handle
 from pserver.comm.engine import CommEngine
 from pserver.comm.waiting import ALLREDUCE_PEERS
-from pserver.roles.allreduce import allreducer
+from pserver.roles.allreduce import allreducer, regroup
 from pserver.roles.exchange import Exchange
 from pserver.roles.lockstep_model import LockstepModel
 from pserver.roles.stop_vote import stop_vote
@@ -53,12 +62,17 @@ class HybridExchange(Exchange):
         self.bufs = (ctx.xp.empty_like(weights), ctx.xp.empty_like(weights))
         self.allreduce = allreducer(ctx, self.model, weights)
         self.flight: Handle | None = None
+        self.pending = False  # an allreduce was started and its average has not landed
         self.flight_step = self.flight_version = 0
         self.steps = 0
         self.have = {0: 0}
         self.backend, self.on_device = ctx.backend, False
         self.vote = stop_vote(ctx, self.waiter)  # where a signal stops every learner
         self.cut = HybridCut(self.model)  # the model before the last landing, for checkpoints
+        self.regroup = regroup(ctx, self.model, self.allreduce)  # a lost learner (ULFM)
+        if self.regroup is not None:
+            self.regroup.vote = self.vote
+        self.lost: CollectiveLost | None = None  # the thread's failed allreduce (ULFM)
         self.engine = CommEngine(self.progress, self.waiter, threaded=True)  # any comm.mode
         self.engine.start()
 
@@ -75,7 +89,13 @@ class HybridExchange(Exchange):
         if h is None or h.done:
             return False
         seen = h.progress
-        return h.test() or h.progress != seen
+        try:
+            return h.test() or h.progress != seen
+        except CollectiveLost as e:  # the learner's thread regroups (land); nothing in flight
+            if self.regroup is None:
+                raise
+            self.lost, self.flight = e, None
+            return True
 
     def weights(self) -> Any | None:
         return None if self.steps >= self.model.steps else self.model.w
@@ -86,24 +106,66 @@ class HybridExchange(Exchange):
     def gradient(self, g: Any) -> None:
         computed_at = self.model.version  # g was computed before the previous average lands
         self.land()
-        with self.engine.lock:
-            self.flight = self.allreduce.start(g)
-        self.flight_step, self.flight_version = self.steps, computed_at
+        self.start(g, self.steps, computed_at)
         self.steps += 1
+
+    def start(self, g: Any, step: int, computed_at: int) -> None:
+        """Start the allreduce of step ``step``'s gradient ``g`` in the engine."""
+        if self.regroup is not None:
+            self.regroup.keep(g)  # to redo the sum with, should a learner be lost meanwhile
+        with self.engine.lock:
+            try:
+                self.flight = self.allreduce.start(g)
+            except CollectiveLost as e:  # posted on a revoked communicator: land() regroups
+                if self.regroup is None:
+                    raise
+                self.flight, self.lost = None, e
+        self.flight_step, self.flight_version = step, computed_at
+        self.pending = True
 
     def land(self) -> float:
         """Wait for the allreduce in flight and apply its average; the seconds blocked."""
-        h = self.flight
-        if h is None:
+        if not self.pending:
             self.cut.land_saved()  # resumed: the checkpointed run's last landing, if any
             return 0.0
-        waited = self.engine.wait(lambda: h.done, f"the allreduce of step {self.flight_step}")
-        self.flight = None
         step = self.flight_step
+        what = f"the allreduce of step {step}"
+        waited = self.engine.wait(lambda: self.lost is not None or self.flight.done, what)
+        while self.lost is not None:  # a learner was lost (ULFM): regroup, then redo or take
+            lost, self.lost = self.lost, None
+            before = self.model.n_learners
+            lo, hi = self.regroup.run(self.model.version, lost)  # type: ignore[union-attr]
+            if self.model.version < hi:  # the others completed this sum: apply theirs
+                self.pending = False
+                self.behind(self.regroup.last, before, waited)  # type: ignore[union-attr]
+                return waited
+            self.regroup.restore(self.bufs[step % 2])  # type: ignore[union-attr]
+            self.start(self.bufs[step % 2], step, self.flight_version)
+            waited += self.engine.wait(lambda: self.lost is not None or self.flight.done, what)
+        self.flight, self.pending = None, False
         self.waiter.peers.note(ALLREDUCE_PEERS, f"the sum of step {step}'s gradients")
-        self.model.apply(self.bufs[step % 2], step, self.flight_version, waited)
-        self.have[0] = self.model.version
+        self.apply(self.bufs[step % 2], step, self.flight_version, waited)
         return waited
+
+    def apply(self, g: Any, step: int, computed_at: int, waited: float,
+              contributions: int | None = None, drift: bool = True) -> None:  # fmt: skip
+        """Apply the sum ``g`` of ``step``; a drift check a lost learner ends regroups."""
+        if self.regroup is not None:
+            self.regroup.applied(g)
+        try:
+            self.model.apply(g, step, computed_at, waited, contributions, drift)
+        except CollectiveLost as e:
+            if self.regroup is None:
+                raise e.error from e
+            self.regroup.run(self.model.version, e)  # at the top: nothing to take or redo
+        self.have[0] = self.model.version
+
+    def behind(self, last: Any, contributions: int, waited: float) -> None:
+        """Apply the sum of step ``flight_step`` the others completed before the loss, with the
+        λ it was summed over, without the drift check the others skipped in the regroup."""
+        g = self.bufs[self.flight_step % 2]
+        self.backend.copy_from_host(last, g)
+        self.apply(g, self.flight_step, self.flight_version, waited, contributions, False)
 
     def staleness(self) -> tuple[float, int]:
         return 0.0, 0
@@ -111,8 +173,12 @@ class HybridExchange(Exchange):
     def done(self) -> float:
         if self.vote is not None:
             self.vote.finish()
-        self.cut.before_last_landing(self.flight is not None or self.cut.post is not None)
-        return self.land()  # the last gradient
+        self.cut.before_last_landing(self.pending or self.cut.post is not None)
+        waited = self.land()  # the last gradient
+        if self.regroup is not None:  # every survivor ends here: the end agreement
+            n = self.model.n_learners
+            self.regroup.end(self.model.version, lambda last: self.behind(last, n, 0.0))
+        return waited
 
     def close(self) -> None:
         self.engine.close()

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpi4py import MPI
+
+from pserver.comm.collectives import CollectiveLost, FailFastWaiter, survivable
 from pserver.optim.local_update import LocalUpdate
-from pserver.protocols.lockstep import RunPlan
+from pserver.protocols.lockstep import ModelVersion, RunPlan
 from pserver.roles.drift import Drift
 from pserver.roles.model_report import ModelReport
 from pserver.runtime.context import Context
@@ -31,33 +34,59 @@ class LockstepModel:
         # IBM Fig. 3a: the average of λ local steps at α0 = one step at α0 with the average
         self.update = LocalUpdate(ctx.cfg.optim, weights.size, ctx.xp, weights.dtype)
         self.report = ModelReport(ctx, weights.dtype)
-        self.drift = Drift(comm, ctx.backend, self.waiter, weights.size, weights.dtype)
-        self.version = 0  # averaged gradients applied so far (the model's timestamp)
+        # a lost learner (ULFM) ends a drift check with CollectiveLost (the exchange regroups)
+        fail_fast = FailFastWaiter(self.waiter)
+        self.drift = Drift(comm, ctx.backend, fail_fast, weights.size, weights.dtype)  # type: ignore[arg-type]
+        self.versions = ModelVersion()  # averaged gradients applied so far (its timestamp)
         self.records: Any = None  # the trainer's RecordBuffer (``attach``)
         self.nbytes = weights.size * weights.dtype.itemsize
+
+    @property
+    def version(self) -> int:
+        return self.versions.value
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.versions.value = value
 
     @property
     def steps(self) -> int:
         """Steps every learner takes (``RunPlan``): the same on all, or an allreduce hangs."""
         return self.plan.steps
 
-    def apply(self, g_sum: Any, step: int, computed_at: int, waited: float) -> None:
+    def apply(
+        self, g_sum: Any, step: int, computed_at: int, waited: float,
+        contributions: int | None = None, drift: bool = True,
+    ) -> None:  # fmt: skip
         """Apply the sum of the λ gradients of ``step`` (computed on model version
         ``computed_at``), then the epoch ends that step completes, and its ``exchanges`` and
-        ``staleness`` rows."""
+        ``staleness`` rows.
+
+        ``contributions``: the gradients in the sum when not the current λ (a sum completed
+        with a learner since lost, taken after a regroup: ``pserver.roles.allreduce``);
+        ``drift=False`` skips the (collective) drift check, which the other survivors skipped
+        in that regroup. A drift check that a lost learner ends raises :class:`CollectiveLost`
+        once the rest is done (the rows, the epoch's model report)."""
         # σ (docs/stats.md, *Staleness σ*): averaged updates applied since the version this
         # learner's gradient was computed on — SYNC 0, HYBRID 1 (IBM Table 1), measured here
-        sigma = self.version - computed_at
-        self.update.step(self.w, g_sum, self.plan.epoch(step), divisor=float(self.n_learners))
-        self.version += 1
+        sigma = self.versions.applied(computed_at)
+        n = self.n_learners if contributions is None else contributions
+        self.update.step(self.w, g_sum, self.plan.epoch(step), divisor=float(n))
         self.row(step, computed_at, sigma, waited)
         ends = self.plan.ends(step)
+        lost: CollectiveLost | None = None
         for epoch in ends.ended:  # the same step on every learner: the drift is collective
-            self.measure_drift(epoch)
+            if drift and lost is None:
+                try:
+                    self.measure_drift(epoch)
+                except CollectiveLost as e:
+                    lost = e
         if ends.tested:  # this epoch's rows before its model: the progress line counts them
             self.records.send()
         for epoch in ends.tested:
             self.report.send(self.w, epoch, self.version)
+        if lost is not None:
+            raise lost
 
     def row(self, step: int, computed_at: int, sigma: int, waited: float) -> None:
         """One row per learner and step: its own gradient is one of the λ contributions of the
@@ -73,7 +102,12 @@ class LockstepModel:
         )  # fmt: skip
 
     def measure_drift(self, epoch: int) -> None:
-        diff, where = self.drift.measure(self.w)
+        try:
+            diff, where = self.drift.measure(self.w)
+        except MPI.Exception as e:  # posted on a communicator revoked after a loss
+            if not survivable(self.waiter, e):
+                raise
+            raise CollectiveLost(e) from e
         if self.index == 0:
             self.records.add("drift", epoch=epoch, time=self.ctx.now(), max_diff=diff,
                              learner=where)  # fmt: skip

@@ -16,16 +16,12 @@ import numpy as np
 
 from pserver.comm.wire import Header
 from pserver.plan.topology import Block
-from pserver.protocols.bmuf_block import BlockMomentumShard
+from pserver.protocols.bmuf_block import SHARD_BLOCKS
 from pserver.protocols.shard_block import ShardBlock
 from pserver.roles.shard_versions import ServedVersions
 from pserver.roles.snapshots import Snapshots, snapshot_queue
 from pserver.runtime.context import Context
-from pserver.strategies import BLOCK_MOMENTUM
 from pserver.strategies.serving import Serving
-
-#: ``Strategy.shard_block`` -> the block's arithmetic (pure).
-SHARD_BLOCKS: dict[str, type[ShardBlock]] = {"": ShardBlock, BLOCK_MOMENTUM: BlockMomentumShard}
 
 
 @dataclass

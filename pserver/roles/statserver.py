@@ -26,6 +26,7 @@ from mpi4py import MPI
 
 from pserver import __version__
 from pserver.ckpt.files import State
+from pserver.comm.departures import is_failure
 from pserver.comm.records import decode
 from pserver.comm.wire import Header, Tag, WireError, header_buffer, model_epoch
 from pserver.dump.progress import sigma_text
@@ -136,9 +137,16 @@ class StatsServer:
                 continue
             tag = status.Get_tag()
             handler = self.handlers.get(tag)  # type: ignore[call-overload]
+            if tag == Tag.MODEL and self.from_lost(status.Get_source()):
+                self.drop(msg, status)  # half a snapshot of a dead learner (issue 22)
+                continue
             if handler is None:
                 raise WireError(f"stats server got unknown tag {tag} from {status.Get_source()}")
-            handler(msg, status)
+            try:
+                handler(msg, status)
+            except MPI.Exception as e:  # the sender died with its message half sent (ULFM)?
+                self.lost_in_transit(e, status.Get_source())
+                continue
             self.writer.maybe_flush()
         self.losses.write(self.writer)
         self.skip_untested()
@@ -196,10 +204,38 @@ class StatsServer:
         wait_until_read(sys.stderr)
         MPI.COMM_WORLD.Abort(3)
 
+    def from_lost(self, source: int) -> bool:
+        d = self.ctx.peers.departures
+        return d is not None and d.is_lost(source)
+
+    def drop(self, msg: MPI.Message, status: MPI.Status) -> None:
+        """Receive and forget a message of a lost learner: a model snapshot is a header and
+        its body on one tag, and either may be left without the other by the death (the
+        first learner left sends the model from then on, ``pserver.roles.allreduce``)."""
+        data = bytearray(status.Get_count(MPI.BYTE))
+        try:
+            msg.Recv([data, MPI.BYTE])
+        except MPI.Exception as e:
+            self.lost_in_transit(e, status.Get_source())
+
+    def lost_in_transit(self, error: Exception, source: int) -> None:
+        """A message whose sender was a learner that died before it was all sent (issue 22):
+        dropped, as the rest of its unsent rows are; any other MPI error ends the job."""
+        d, peers = self.ctx.peers.departures, self.ctx.peers
+        if not peers.absorb(error, self.ctx.log) or d is None or not d.is_lost(source):
+            raise peers.lost(f"a report from rank {source}", error) from error
+        self.ctx.log.info("a report from %s lost with it", peers.name(source))
+        self.losses.take(self.live)
+
     def on_records(self, msg: MPI.Message, status: MPI.Status) -> None:
         source = status.Get_source()
         data = bytearray(status.Get_count(MPI.BYTE))
-        msg.Recv([data, MPI.BYTE])
+        try:
+            msg.Recv([data, MPI.BYTE])
+        except MPI.Exception as e:
+            if not self.dead_sender(source, e):
+                raise
+            return  # its rows die with it
         self.ctx.peers.note(source, "RECORDS")
         rows, clocks, dropped = decode(data)
         self.losses.steps(rows)
@@ -225,14 +261,29 @@ class StatsServer:
 
     def on_model(self, msg: MPI.Message, status: MPI.Status) -> None:
         source = status.Get_source()
-        msg.Recv(self.hbuf[0])
+        try:
+            msg.Recv(self.hbuf[0])
+        except MPI.Exception as e:
+            if not self.dead_sender(source, e):
+                raise
+            return  # its snapshot is lost
         h = Header.unpack(self.hbuf[0])
         self.ctx.peers.note(source, h)
         epoch, b = model_epoch(h.aux), self.ctx.blocks[h.block]
         if epoch not in self.models:
             self.models[epoch] = (np.empty(self.ctx.model.n_params, self.ctx.model.dtype), set(), 0)
         w, got, ts = self.models[epoch]
-        self.comm.Recv(w[b.start : b.stop], source, Tag.MODEL)
+        try:
+            self.comm.Recv(w[b.start : b.stop], source, Tag.MODEL)
+        except MPI.Exception as e:
+            # the learner reporting the learners' average model (learners-only runs) died
+            # between the header and the model: this snapshot is lost (an epoch left
+            # untested is a skipped test at the end), the run goes on
+            if not self.dead_sender(source, e):
+                raise
+            if not got:
+                del self.models[epoch]
+            return
         got.add(b.index)
         for older in [e for e, (_, blocks, _) in self.models.items() if e < epoch]:
             if b.index not in self.models[older][1]:  # its snapshot of b was skipped
@@ -243,6 +294,18 @@ class StatsServer:
             self.tested.add(epoch)
             self.test(epoch, w, max(ts, h.timestamp))
             self.keep_model(epoch, w, max(ts, h.timestamp))
+
+    def dead_sender(self, source: int, error: MPI.Exception) -> bool:
+        """Issue 22 (Open MPI's ULFM): whether ``error`` receiving a message from ``source``
+        is a lost learner's — its failure (acknowledged here), or a message of a learner
+        already lost that arrived cut (seen: a model whose header was dropped with the dead
+        rank, matched where a header was expected, MPI_ERR_TRUNCATE). Its data are lost."""
+        d = self.ctx.peers.departures
+        if d is None:
+            return False
+        if is_failure(error):
+            return self.ctx.peers.absorb(error, self.ctx.log)
+        return d.is_lost(source)
 
     def keep_model(self, epoch: int, w: np.ndarray, ts: int) -> None:
         """The newest tested model stays in the dump as ``model/weights`` (flat vector)."""

@@ -32,15 +32,25 @@ A periodic checkpoint (``run.checkpoint_interval``, ``pserver.ckpt.drivers.perio
 the learners through the same vote: a learner whose pause is due votes :data:`PAUSE`, one that
 saw a signal :data:`SIGNAL` (the larger: a signal ends the run even when a pause was due too),
 and every learner acts on the maximum (:attr:`StopVote.decided`), so all pause at one boundary.
+
+A lost learner (Open MPI's ULFM, issue 22) never posts its votes: the first survivor whose vote
+fails revokes the vote's communicator, so every survivor's pending or next vote fails too, and
+each turns the vote off (:meth:`StopVote.abandon`) for the rest of the run: after a loss the
+end checkpoint is not committed anyway (``pserver.ckpt.drivers.end``), and a signal then ends
+the rank as in a run that cannot be checkpointed. (A signal that lands in the very vote a
+learner dies in may stop the survivors whose vote completed and not the others; those stop
+at the signal's own delivery.)
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 import numpy as np
 from mpi4py import MPI
 
+from pserver.comm.collectives import CollectiveLost, FailFastWaiter
 from pserver.comm.waiting import Waiter
 from pserver.runtime.signals import STOP
 
@@ -58,7 +68,8 @@ class StopVote:
 
     def __init__(self, comm: MPI.Comm, waiter: Waiter) -> None:
         self.comm, self.dup_req = comm.Idup()  # collective: every learner builds its exchange
-        self.waiter = waiter
+        self.waiter = FailFastWaiter(waiter)  # a lost learner: CollectiveLost, not a false vote
+        self.off = False  # a learner was lost: no more votes (abandon)
         self.flag = np.zeros(1, np.int32)  # not touched while a vote reads it
         self.result = np.zeros(1, np.int32)
         self.pending: MPI.Request | None = None
@@ -70,6 +81,15 @@ class StopVote:
         """At a boundary every learner passes: whether to stop here (the same on every
         learner). ``another``: whether a boundary follows this one (False at a run's known
         last boundary: no vote is posted that nobody would read)."""
+        try:
+            return self._boundary(another)
+        except CollectiveLost:
+            self.abandon()
+            return False
+
+    def _boundary(self, another: bool) -> bool:
+        if self.off:
+            return False
         if self.pending is not None:
             self.waiter.wait(self.pending, self.what())
             self.pending = None
@@ -90,7 +110,9 @@ class StopVote:
             self.waiter.wait(self.dup_req, "the learners' communicator for the stop vote")
             self.dup_req = None
         self.flag[0] = SIGNAL if STOP.requested else PAUSE if self.pause_wanted else GO
-        self.pending = self.comm.Iallreduce(self.flag, self.result, op=MPI.MAX)
+        self.pending = self.waiter.post(
+            lambda: self.comm.Iallreduce(self.flag, self.result, op=MPI.MAX)
+        )
         self.votes += 1
 
     def what(self) -> str:
@@ -99,6 +121,26 @@ class StopVote:
     def finish(self) -> None:
         """At the end of a learner's loop: complete a vote posted at the last boundary (and
         the communicator's duplication, which every learner posted when it was built)."""
+        try:
+            self._finish()
+        except CollectiveLost:
+            self.abandon()
+
+    def abandon(self) -> None:
+        """A learner was lost (ULFM): revoke the vote's communicator, so that every survivor's
+        vote fails as this one's did, and vote no more (see the module docstring)."""
+        if not self.off:
+            self.waiter.log.warning(
+                "the learners' stop vote is off after the loss of a learner: a signal now "
+                "ends the run without an end checkpoint"
+            )
+        self.off, self.pending, self.dup_req = True, None, None
+        with contextlib.suppress(MPI.Exception):
+            self.comm.Revoke()
+
+    def _finish(self) -> None:
+        if self.off:
+            return
         if self.pending is not None:
             self.waiter.wait(self.pending, self.what())
             self.pending = None
@@ -110,6 +152,8 @@ class StopVote:
         """Free the communicator; also called after an error, so it never waits: with a
         vote or the duplication still pending (a learner failed mid-run, the job is being
         aborted) the communicator is left to the end of the process."""
+        if self.off:
+            return  # revoked after a loss: left to the end of the process
         if self.dup_req is None and self.pending is None and self.comm != MPI.COMM_NULL:
             self.comm.Free()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -78,6 +78,20 @@ class Plan:
         return [b for b in self.blocks if b.shard == shard]
 
 
+@dataclass
+class LearnerComm:
+    """The learners' communicator on a learner (None elsewhere): the one part of the runtime
+    that may change during a run, when ADPSGD's ring is repaired after a lost learner
+    (``pserver.roles.gossip``, Open MPI's ULFM) and the survivors' communicator replaces it.
+    ``pserver.job.cli.run`` frees whichever it holds at the end."""
+
+    comm: MPI.Comm | None = None
+
+    def replace(self, comm: MPI.Comm) -> None:
+        """The survivors' communicator after a repair (the old one was revoked)."""
+        self.comm = comm
+
+
 @dataclass(frozen=True)
 class Runtime:
     """What this rank holds to train, built before any driver (``pserver.job.cli.run``):
@@ -90,7 +104,7 @@ class Runtime:
     peers: PeerLog
     t0: float  # the common start (every rank passed a barrier just before), continued on resume
     shm: SharedWindows | None = None  # comm.transport = "shm"
-    learner_comm: MPI.Comm | None = None  # the learners' communicator on a learner, else None
+    learners: LearnerComm = field(default_factory=LearnerComm)  # the learners' communicator
     hosts: tuple[str, ...] = ()  # the host of every rank (provenance)
     # every rank's process id: the launcher names a dead rank by its PID only (provenance)
     pids: tuple[int, ...] = ()
@@ -189,7 +203,7 @@ class Context:
 
     @property
     def learner_comm(self) -> MPI.Comm | None:
-        return self.runtime.learner_comm
+        return self.runtime.learners.comm
 
     @property
     def t0(self) -> float:
@@ -319,7 +333,7 @@ def prepare(
         check_shared_memory(layout, blocks, nodes, model.dtype.itemsize, cfg.comm.versions)
     budget.check_run(data_bytes, run_sizes(cfg, model, dataset), size_keys(cfg))
     if layout.role(rank) is Role.STATS:  # the rank that writes there; last, so that bad input
-        check_out_dir(cfg.run.out_dir, DUMP_NAME, cfg.run.overwrite)  # creates no directory
+        check_out_dir(cfg.run.out_dir, DUMP_NAME, cfg.run.overwrite)  # undone if refused
     peers = peers if peers is not None else PeerLog()
     peers.names = layout.describe
     plan = Plan(cfg, layout, rank, dataset, model, tuple(blocks), tuple(nodes), latest)

@@ -40,6 +40,8 @@ WHY = {
 #: directory -> the open directory this process holds locked (a second flock of the same file from
 #: another descriptor would conflict with our own, so a process locks a directory once)
 _HELD: dict[Path, int] = {}
+#: directories check_out_dir created, deepest first (removed again by undo_out_dir)
+_MADE: list[Path] = []
 
 
 def why(e: OSError) -> str:
@@ -56,7 +58,9 @@ def check_out_dir(out_dir: str, dump_name: str, overwrite: bool) -> Path:
     try:
         if out.exists() and not out.is_dir():
             raise ConfigError(f"{key} is an existing file, not a directory: choose another path")
+        made = [d for d in (out, *out.parents) if not d.exists()]  # deepest first
         out.mkdir(parents=True, exist_ok=True)
+        _MADE[:0] = made
     except OSError as e:  # also from exists(): a name too long cannot even be looked up
         raise ConfigError(f"{key} cannot be created: {why(e)}") from None
     try:
@@ -98,6 +102,21 @@ def check_dump(dump: Path, key: str, overwrite: bool) -> None:
         os.close(fd)
     except OSError as e:
         raise ConfigError(f"{key}: {dump} cannot be replaced: {why(e)}") from None
+
+
+def undo_out_dir() -> None:
+    """Release the lock and remove the directories :func:`check_out_dir` created, where they
+    are still empty: bad input found on another rank ended the job before it started, and a
+    refused run leaves nothing behind (issue 22)."""
+    for fd in _HELD.values():
+        os.close(fd)
+    _HELD.clear()
+    for d in _MADE:
+        try:
+            d.rmdir()
+        except OSError:  # not empty (another job's, or a parent in use): leave it
+            break
+    _MADE.clear()
 
 
 def lock_run_dir(out: Path, key: str) -> None:

@@ -53,16 +53,24 @@ def failure_message(error: BaseException, rank: int, size: int) -> str:
     )
 
 
-def agree(comm: MPI.Comm, status: int, waiter: Waiter) -> np.ndarray:
+#: what the start-up agreement waits for (its stall report and a lost rank's message say it)
+PREPARING = (
+    "every rank to finish preparing (config, dataset, model, output directory); a rank that "
+    "never arrives is stuck in its preparation"
+)
+#: what the agreement at the end of a run waits for
+ENDING = (
+    "every rank to end the run (training over, its end checkpoint written); a rank that never "
+    "arrives is still training or stuck in its end"
+)
+
+
+def agree(comm: MPI.Comm, status: int, waiter: Waiter, what: str = PREPARING) -> np.ndarray:
     """Every rank's status, gathered without blocking in MPI (collective over ``comm``)."""
     mine = np.array([status], dtype=np.int32)
     every = np.empty(comm.Get_size(), dtype=np.int32)
     request = comm.Iallgather(mine, every)
-    waiter.wait(
-        request,
-        "every rank to finish preparing (config, dataset, model, output directory); a rank "
-        "that never arrives is stuck in its preparation",
-    )
+    waiter.wait(request, what)
     return every
 
 
@@ -77,10 +85,10 @@ def agree_alive(
     ``MPI_Comm_ishrink`` fails with ``MPI_ERR_INTERN`` once a rank has died (measured on
     5.0.11), and the survivors reach this point together (their loops have ended)."""
     if not ulfm:
-        return agree(comm, status, waiter), []
+        return agree(comm, status, waiter, ENDING), []
     alive = comm.Shrink()
     try:
-        got = agree(alive, status, waiter)
+        got = agree(alive, status, waiter, ENDING)
         ranks = MPI.Group.Translate_ranks(
             alive.Get_group(), list(range(alive.Get_size())), comm.Get_group()
         )

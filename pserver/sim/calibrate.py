@@ -92,6 +92,11 @@ def fit(dump: Dump, base: SimConfig) -> SimConfig:
     values = asdict(base)
     values.update(compute=mean, compute_cv=cv, step_overhead=overhead, latency=latency,
                   latency_cv=latency_cv, message_time=message, **ends(dump, train, n))
+    from pserver.sim.calibrate_collective import latency as learners_latency
+
+    linked = learners_latency(dump, base)  # SYNC, ADPSGD: from the learners' exchanges
+    if linked is not None:
+        values.update(latency=linked, latency_cv=0.0)
     return SimConfig(**values)
 
 

@@ -20,7 +20,7 @@ PROG = "pserver-sim"
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        prog=PROG, description="Simulate a parameter-server run (docs/simulation.md)."
+        prog=PROG, description="Simulate a run of pserver-run (docs/simulation.md)."
     )
     ap.add_argument("config", help="TOML config, as for pserver-run")
     ap.add_argument("overrides", nargs="*", help="section.key=value (cluster.learners sets λ)")

@@ -1,7 +1,9 @@
 """Build a simulated run from a config, run it on an event loop, write its dump.
 
 ``simulate(cfg)`` is the whole of ``pserver-sim CONFIG``: λ = ``cluster.learners``, one shard
-(``pserver.sim.shard``), λ blocking learners (``pserver.sim.learner``), the cost model of
+(``pserver.sim.shard``), λ blocking learners (``pserver.sim.learner``; BMUF's and MA's
+``pserver.sim.local_steps``) — or, for the learners-only strategies, their run
+(``pserver.sim.collective``: SYNC, HYBRID; ``pserver.sim.gossip``: ADPSGD) — the cost model of
 ``[sim]`` and ``[inject]`` (``pserver.sim.costs``), and the dump in ``run.out_dir`` with the
 real run's schema and a ``simulated`` root attribute. What is simulated and what is refused:
 :func:`check_supported` and docs/simulation.md.
@@ -23,19 +25,26 @@ import numpy as np
 from pserver import __version__
 from pserver.dump.writer import StatsWriter
 from pserver.errors import ConfigError
-from pserver.plan.config import Config, pull_timestamp
+from pserver.plan.config import Config, inject_plan, pull_timestamp
 from pserver.protocols.partial_pull import PullRule
 from pserver.runtime.outdir import check_out_dir
 from pserver.runtime.rundir import DUMP_NAME, expand, point_latest, run_id
+from pserver.sim.collective import HybridRun, SyncRun
 from pserver.sim.costs import Costs
+from pserver.sim.gossip import GossipRun
 from pserver.sim.learner import DataServer, SimLearner
+from pserver.sim.local_steps import LocalStepsLearner
 from pserver.sim.loop import make_loop
 from pserver.sim.rows import Rows
 from pserver.sim.shard import SimShard
 from pserver.strategies import lookup
 
+#: the learners-only strategies a simulation runs, by name: their run (pserver.sim.collective,
+#: pserver.sim.gossip): ``Run(loop, cfg, costs, rows, λ, train_size)``, ``start``, ``end_rows``
+LEARNERS_ONLY: dict[str, Any] = {"sync": SyncRun, "hybrid": HybridRun, "adpsgd": GossipRun}
 #: the strategies a simulation runs (docs/simulation.md); the others are refused at start
-SIMULATED = ("hardsync", "softsync", "async", "psp", "ssp")
+SIMULATED = ("hardsync", "softsync", "async", "psp", "ssp", "bmuf", "ma", *LEARNERS_ONLY)
+LOCAL_STEPS = ("bmuf", "ma")  # τ local steps per push (pserver.sim.local_steps)
 MAX_LEARNERS = 100_000
 
 
@@ -65,6 +74,15 @@ def check_supported(cfg: Config) -> int:
             f"cluster.learners = {n}: pserver-sim needs λ as cluster.learners, 1 to "
             f"{MAX_LEARNERS:,}"
         )
+    if name in LEARNERS_ONLY:  # no shard: the real run's checks of λ and of [inject]
+        least = lookup(name).min_learners
+        if n < least:
+            raise ConfigError(
+                f"protocol.name = {name!r} needs at least {least} learners, this run has {n}: "
+                "set cluster.learners"
+            )
+        inject_plan(cfg).validate(0, n)
+        return n
     limits = {
         "cluster.servers": (cfg.cluster.servers, 1),
         "blocks.count": (cfg.blocks.count, 1),
@@ -100,7 +118,9 @@ def simulate(cfg: Config, rid: str | None = None) -> Outcome:
     """Run the simulation ``cfg`` describes and write its dump; returns what it did."""
     started = time.perf_counter()
     n = check_supported(cfg)
-    lookup(cfg.protocol.name).protocol(cfg, n)  # a protocol that cannot run with λ fails here
+    strategy = lookup(cfg.protocol.name)
+    if strategy.protocol is not None:  # a protocol that cannot run with λ fails here
+        strategy.protocol(cfg, n)
     costs_bytes, train_size = model_bytes(cfg)
     cfg.run.out_dir, latest = expand(cfg.run.out_dir, cfg.run.name, rid or run_id())
     dump = check_out_dir(cfg.run.out_dir, DUMP_NAME, cfg.run.overwrite)
@@ -111,19 +131,14 @@ def simulate(cfg: Config, rid: str | None = None) -> Outcome:
         rows = Rows(writer)
         loop = make_loop(cfg.sim.loop)
         costs = Costs.from_config(cfg, costs_bytes)
-        shard = SimShard(loop, cfg, costs, rows, n, train_size)
-        data = DataServer(cfg.sim.data_time)
-        rule, waits = pull_timestamp(cfg), lookup(cfg.protocol.name).waits_for_update
-        p = cfg.protocol
-        shard.learners = [
-            SimLearner(k, loop, costs, rows, shard, data, PullRule(rule, waits),
-                       p.pull_fraction, p.tau2)
-            for k in range(n)
-        ]  # fmt: skip
-        for learner in shard.learners:
-            loop.after(cfg.sim.start_time, learner.start)
-        loop.run()
-        shard.end_rows(int(costs_bytes // np.dtype(cfg.model.dtype).itemsize))
+        if cfg.protocol.name in LEARNERS_ONLY:
+            run = LEARNERS_ONLY[cfg.protocol.name](loop, cfg, costs, rows, n, train_size)
+            loop.after(cfg.sim.start_time, run.start)
+            loop.run()
+            run.end_rows(loop.now)
+            updates = run.updates
+        else:
+            updates = run_shard(loop, cfg, costs, rows, n, train_size, costs_bytes)
         rows.close()
         wall = time.perf_counter() - started
         sim_time = loop.now + cfg.sim.end_time
@@ -135,7 +150,29 @@ def simulate(cfg: Config, rid: str | None = None) -> Outcome:
             simulated={"loop": cfg.sim.loop, "events": loop.events, "seconds": wall,
                        "peak_rss_mib": rss, "cost_model": asdict(cfg.sim)},
         )  # fmt: skip
-    return Outcome(dump, sim_time, wall, loop.events, shard.block.ts, rss)
+    return Outcome(dump, sim_time, wall, loop.events, updates, rss)
+
+
+def run_shard(loop: Any, cfg: Config, costs: Costs, rows: Rows, n: int, train_size: int,
+              costs_bytes: int) -> int:  # fmt: skip
+    """The parameter-server strategies: one shard, λ learners; the updates applied."""
+    shard = SimShard(loop, cfg, costs, rows, n, train_size)
+    data = DataServer(cfg.sim.data_time)
+    rule, waits = pull_timestamp(cfg), lookup(cfg.protocol.name).waits_for_update
+    p = cfg.protocol
+    kind, extra = SimLearner, {}
+    if p.name in LOCAL_STEPS:
+        kind, extra = LocalStepsLearner, {"tau": p.tau}
+    shard.learners = [
+        kind(k, loop, costs, rows, shard, data, PullRule(rule, waits), p.pull_fraction, p.tau2,
+             **extra)
+        for k in range(n)
+    ]  # fmt: skip
+    for learner in shard.learners:
+        loop.after(cfg.sim.start_time, learner.start)
+    loop.run()
+    shard.end_rows(int(costs_bytes // np.dtype(cfg.model.dtype).itemsize))
+    return int(shard.block.ts)
 
 
 def root_attrs(cfg: Config, n: int) -> dict[str, Any]:

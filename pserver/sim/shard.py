@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 
 from pserver.plan.config import Config
+from pserver.protocols.bmuf_block import SHARD_BLOCKS
 from pserver.protocols.pull import Reply, pull_answer
-from pserver.protocols.shard_block import ShardBlock
 from pserver.sim.costs import Costs
 from pserver.sim.rows import Rows
+from pserver.strategies.serving import serving
 
 PUSH, PULL, BYE = 0, 1, 2
 
@@ -46,7 +47,8 @@ class SimShard:
     ) -> None:  # fmt: skip
         self.loop, self.costs, self.rows, self.index = loop, costs, rows, index
         dtype = np.dtype(cfg.model.dtype)
-        self.block = ShardBlock.build(np.zeros(1, dtype), cfg, n_learners, train_size, np)
+        kind = SHARD_BLOCKS[serving(cfg).block]  # the real shard's choice: BMUF's, or plain
+        self.block = kind.build(np.zeros(1, dtype), cfg, n_learners, train_size, np)
         self.block.updater = NoStep()  # the step's rate is computed; the step itself is not
         self.learners: list[Any] = []  # SimLearner by index, set by the engine
         self.queue: deque[tuple[int, int, int, int | None]] = deque()

@@ -4,7 +4,8 @@ Runs that differ only in their seed are one experiment (:mod:`pserver.stats.comp
 one row, each figure the mean over the seeds with ``± std``. Each row is labelled by the config
 keys in which the experiments differ (:func:`pserver.stats.tables.labels`); the table gives the
 final and best test error, the wall time, ⟨σ⟩ and max σ over the applied contributions, and
-samples per second. ``--csv`` writes the same rows (every column of
+samples per second; a column of lost learners when a run lost one (issue 22), and a line
+per loss under the table. ``--csv`` writes the same rows (every column of
 :data:`pserver.stats.tables.RUN_COLUMNS` and :data:`pserver.stats.compare_seeds.GROUP_COLUMNS`,
 then each differing key); ``--out`` the four-panel figure of
 :mod:`pserver.stats.compare_plots`, one curve and band per experiment.
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pserver.dump.reader import Dump
+from pserver.dump.reader import Dump, summarize
 from pserver.stats.compare_seeds import comparison_rows, group_labels, seed_groups
 from pserver.stats.export import write_columns
 from pserver.stats.tables import run_config
@@ -31,6 +32,8 @@ TABLE = (
     ("samples/s", "samples_per_s", ".0f"),
     ("epochs", "epochs", "g"),
 )
+#: shown only when a run lost a learner: a loss changes λ (and so ⟨σ⟩ and samples/s) mid-run
+LOST = ("lost", "learners_lost", "g")
 
 
 def fmt(value: Any, spec: str) -> str:
@@ -54,8 +57,9 @@ def cell(row: dict[str, Any], column: str, spec: str) -> str:
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """The runs as a text table, one line per run (or experiment), the label first."""
-    header = ["run", *(h for h, _, _ in TABLE)]
-    cells = [[r["label"], *(cell(r, c, spec) for _, c, spec in TABLE)] for r in rows]
+    table = (*TABLE, LOST) if any(r.get("learners_lost") for r in rows) else TABLE
+    header = ["run", *(h for h, _, _ in table)]
+    cells = [[r["label"], *(cell(r, c, spec) for _, c, spec in table)] for r in rows]
     widths = [max(len(line[i]) for line in [header, *cells]) for i in range(len(header))]
 
     def line(row: Sequence[str]) -> str:
@@ -68,6 +72,19 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join([line(header), rule, *map(line, cells)])
 
 
+def loss_lines(dumps: Sequence[Dump]) -> list[str]:
+    """One line per learner a run lost: which, when, after which step, λ from then on."""
+    out = []
+    for d in dumps:
+        for row in summarize(d)["learners_lost"]:
+            out.append(
+                f"lost: {d.path}: learner {row['learner']} (rank {row['rank']}) at "
+                f"t={row['time']:.1f}s after step {row['last_step']}; λ = {row['learners']} "
+                "from then on"
+            )
+    return out
+
+
 def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> Path:
     """The rows as a CSV, one line per run (columns of the first row)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -77,7 +94,7 @@ def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> Path:
 def compare(dumps: Sequence[Dump], out: Path | None = None, csv: Path | None = None) -> str:
     """The printed table; the figure to ``out`` and the CSV to ``csv`` when given."""
     rows = comparison_rows(dumps)
-    lines = [format_table(rows)]
+    lines = [format_table(rows), *loss_lines(dumps)]
     if csv is not None:
         lines.append(f"table: {write_csv(rows, csv)}")
     if out is not None:

@@ -35,6 +35,7 @@ STAT_COLUMNS = (
     "updates",
     "samples",
     "samples_per_s",
+    "learners_lost",
 )
 #: the columns a grouped row adds to :data:`pserver.stats.tables.RUN_COLUMNS`
 GROUP_COLUMNS = {

@@ -51,6 +51,7 @@ RUN_COLUMNS = {
     "updates": "weight updates (all shards)",
     "samples": "training samples processed",
     "samples_per_s": "training samples per second of wall time",
+    "learners_lost": "learners lost while the run went on (issue 22; λ counts them)",
 }
 
 
@@ -168,6 +169,7 @@ def run_facts(dump: Dump, label: str = "") -> dict[str, Any]:
         "updates": upd["count"],
         "samples": s["samples"],
         "samples_per_s": s["samples_per_s"],
+        "learners_lost": len(s["learners_lost"]),
     }
 
 

@@ -42,4 +42,7 @@ ADPSGD = Strategy(
     # exchanges completed with goodbyes, pserver.ckpt.drivers.gossip), but no vote stops all
     pauses=False,
     why_no_pause="its learners run free and pause at no common point",
+    # issue 22: the survivors shrink the learners' communicator and go on in the ring of λ − 1
+    # (pserver.protocols.ring.Ring.lose, pserver.roles.gossip)
+    survives_lost_learner=True,
 )

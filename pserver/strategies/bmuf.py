@@ -83,6 +83,7 @@ BMUF = Strategy(
     waits_for_update=True,
     checks=(check_block_momentum, check_layout),
     shard_block=BLOCK_MOMENTUM,
+    survives_lost_learner=True,
 )
 
 MA = Strategy(
@@ -95,4 +96,5 @@ MA = Strategy(
     waits_for_update=True,
     checks=(check_layout,),
     shard_block=BLOCK_MOMENTUM,
+    survives_lost_learner=True,
 )

@@ -18,4 +18,5 @@ HYBRID = Strategy(
     exchanges={m: c.ALLREDUCE_DELAYED for m in ("blocking", "nonblocking", "thread")},
     checks=(*c.CHECKS, c.check_lockstep_lr_policy),
     lockstep=True,
+    survives_lost_learner=True,  # the learners regroup (pserver.roles.hybrid)
 )

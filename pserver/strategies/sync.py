@@ -18,4 +18,5 @@ SYNC = Strategy(
     waits_for_update=True,
     checks=(*c.CHECKS, c.check_lockstep_lr_policy),
     lockstep=True,
+    survives_lost_learner=True,  # the learners regroup (pserver.roles.allreduce.Regroup)
 )

@@ -29,6 +29,7 @@ is restored.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -76,8 +77,20 @@ class CutAgreement:
         self.waiter.waitall([req], "the other learners to end their run (the checkpoint's cut)")
         return agreed_cut((int(buf[0]), int(buf[1])))
 
+    def agree_until(
+        self, stopped: bool, owed: int, until: Callable[[Callable[[], bool], str], bool]
+    ) -> tuple[bool, int] | None:
+        """:meth:`agree`, waiting with ``until(done, what)``, which returns False when the
+        learners' ring broke (a lost learner, ``pserver.roles.gossip``): then None."""
+        buf = np.array([int(stopped), owed], dtype=np.int64)
+        req = self.comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
+        if not until(req.Test, "the other learners to end their run (the checkpoint's cut)"):
+            return None
+        return agreed_cut((int(buf[0]), int(buf[1])))
+
     def free(self) -> None:
-        self.comm.Free()
+        if self.comm != MPI.COMM_NULL:
+            self.comm.Free()
 
 
 def exchange_state(ex: GossipOwner) -> State:
