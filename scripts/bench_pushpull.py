@@ -167,7 +167,6 @@ def raw_gpu_worker(sizes_mib: list[float], seconds: float) -> None:
         print(RESULT + json.dumps(out), flush=True)
 
 
-
 def naive_worker(size_mib: float, steps: int, buffers: bool = False) -> None:
     """A parameter server as research codes often write it: blocking calls, one array per message.
 
@@ -220,6 +219,46 @@ def naive_worker(size_mib: float, steps: int, buffers: bool = False) -> None:
                 comm.recv(source=0, tag=1)
 
 
+def replay_worker(size_mib: float, steps: int, zero_copy: bool) -> None:
+    """The memory limit of a two-sided server: only its memory work, on every core, no MPI.
+
+    Each rank (one per core) replays ``steps`` updates of a ``size_mib`` model: copy the
+    learner's gradient into the server's receive buffer (what a receive does; left out with
+    ``zero_copy``: the update reads the gradient where the learner wrote it, as with the
+    shared window), one pass of pserver's SGD updater over w, and the learner's copy of the new
+    weights out of the server's buffer (what a send and receive, or a window copy-out, do).
+    Every payload byte a pserver update counts (gradient in, weights out) is thus moved the
+    fewest times any implementation can move it. The rate is the sum of the ranks' payload
+    rates (each between its update number ``SKIP`` and its last); MPI only starts the ranks
+    together and gathers the figures.
+    """
+    import numpy as np
+    from mpi4py import MPI
+
+    from pserver.optim.rules import make_updater
+    from pserver.plan.config import OptimConfig
+
+    comm = MPI.COMM_WORLD
+    n = int(size_mib * MIB) // 4
+    w, g_learner = np.zeros(n, np.float32), np.full(n, 1e-3, np.float32)
+    g_server, w_learner = np.empty_like(w), np.empty_like(w)
+    updater = make_updater(OptimConfig(rule="sgd", lr=LR, weight_decay=0.0), n, np, w.dtype)
+    comm.Barrier()
+    times = []
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        if zero_copy:
+            updater.step(w, g_learner, LR)
+        else:
+            np.copyto(g_server, g_learner)
+            updater.step(w, g_server, LR)
+        np.copyto(w_learner, w)
+        times.append(time.perf_counter() - t0)
+    rates = comm.gather(window_rate(times, 2 * w.nbytes), 0)
+    if comm.Get_rank() == 0:
+        print(RESULT + json.dumps({"gbs": sum(rates), "ranks": len(rates)}), flush=True)
+
+
 # -- driver ---------------------------------------------------------------------------------------
 
 
@@ -237,10 +276,12 @@ class Row:
     pickled_gbs: float = math.nan  # pickled one-way, 2 ranks
     naive_gbs: float = math.nan
     buffer_gbs: float = math.nan  # the hand-written uppercase loop (the two-sided ceiling)
+    limit_gbs: float = math.nan  # the memory work alone on every core (``replay_worker``)
     pserver_gbs: float = math.nan
     pserver_updates_per_s: float = math.nan
     naive_runs: list[float] = field(default_factory=list)
     buffer_runs: list[float] = field(default_factory=list)
+    limit_runs: list[float] = field(default_factory=list)
     pserver_runs: list[float] = field(default_factory=list)
 
     @property
@@ -254,6 +295,16 @@ class Row:
     @property
     def vs_buffer(self) -> float:
         return self.pserver_gbs / self.buffer_gbs
+
+    @property
+    def vs_limit(self) -> float:
+        return self.pserver_gbs / self.limit_gbs
+
+    @property
+    def replay(self) -> str:
+        """The limit replay this row is rated against: the shared window reads the gradients
+        in place (zero copy in), messages copy them in; the learner copies the weights out."""
+        return "zero" if self.transport == "shm" else "copy"
 
 
 def window_rate(times: list[float], bytes_per_update: float) -> float:
@@ -385,6 +436,7 @@ def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
     ps_runs: dict[int, list[tuple[float, float]]] = {}
     naive_done: dict[tuple[float, int], list[float]] = {}
     buffer_done: dict[tuple[float, int], list[float]] = {}
+    limit_done: dict[tuple[float, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench_pushpull_") as tmp:
         bench = PserverBench(launcher, pserver_run(args), digits_train_size(), Path(tmp))
         for rep in range(args.repeats):
@@ -410,6 +462,15 @@ def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
                         ["--naive", str(r.size_mib), "--buffers", "--steps", str(r.steps)],
                     )
                     buffer_done[key].append(window_rate(res["times"], res["bytes_per_update"]))
+                lkey = (r.size_mib, r.replay)
+                if len(limit_done.setdefault(lkey, [])) <= rep and not gpu:
+                    log(f"  limit replay ({r.replay} in, copy out): {r.size_mib} MiB")
+                    mode = ["--zero-copy"] if r.replay == "zero" else []
+                    res = launcher.worker(
+                        args.replay_ranks,
+                        ["--replay", str(r.size_mib), "--steps", str(r.steps), *mode],
+                    )
+                    limit_done[lkey].append(res["gbs"])
                 log(
                     f"  pserver: {r.size_mib} MiB, {r.learners} learner(s), {r.blocks} block(s), "
                     f"{r.transport}"
@@ -427,6 +488,8 @@ def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
         r.naive_gbs = median(r.naive_runs) if r.naive_runs else math.nan
         r.buffer_runs = buffer_done.get((r.size_mib, r.learners), [])
         r.buffer_gbs = median(r.buffer_runs) if r.buffer_runs else math.nan
+        r.limit_runs = limit_done.get((r.size_mib, r.replay), [])
+        r.limit_gbs = median(r.limit_runs) if r.limit_runs else math.nan
         r.pserver_runs = [g for g, _ in ps_runs[i]]
         r.pserver_gbs = median(r.pserver_runs)
         r.pserver_updates_per_s = median(u for _, u in ps_runs[i])
@@ -452,7 +515,12 @@ counted the same way). pickle = the naive parameter server with lowercase send/r
 update, whole array).
 buffer = the same loop hand-written with uppercase Send/Recv, preallocated buffers and pserver's
 SGD updater, blocking (busy-polling) calls and no protocol: the ceiling of a two-sided server
-here, since every update moves the model through memory three times (copy in, update, copy out)."""
+here, since every update moves the model through memory three times (copy in, update, copy out).
+limit = the replay of that memory work alone, on --replay-ranks processes (default: one per
+core), no MPI: messages rows copy the gradient in, run one SGD pass and copy the weights out
+("copy+1pass with learner copy-out"); shm rows leave out the copy in (zero-copy replay with
+copy-out). ps/limit = pserver / limit: the share of the memory limit the server reaches.
+Every ratio divides two figures of the same run; the runs of each column are in --json."""
 
 NOTE_GPU = """\
 --device gpu: learners and the server keep the model and gradients in CUDA device memory
@@ -463,16 +531,16 @@ staged = D2H copy, Send -> Recv, H2D copy; cuda-aware = Send/Recv of device buff
 and buffer parameter servers are CPU baselines and are not run."""
 
 
-HEADER = ("MiB", "learn", "blocks", "via", "raw", "raw@blk", "pickle", "buffer", "pserver",
-          "upd/s", "ps/raw", "ps/buf", "ps/pickle")  # fmt: skip
+HEADER = ("MiB", "learn", "blocks", "via", "raw", "raw@blk", "pickle", "buffer", "limit",
+          "pserver", "upd/s", "ps/raw", "ps/buf", "ps/limit", "ps/pickle")  # fmt: skip
 
 
 def cells(r: Row) -> list[str]:
     return [
         f"{r.size_mib:g}", f"{r.learners:d}", f"{r.blocks:d}", r.transport, f"{r.raw_gbs:.2f}",
         f"{r.raw_block_gbs:.2f}", f"{r.naive_gbs:.2f}", f"{r.buffer_gbs:.2f}",
-        f"{r.pserver_gbs:.2f}", f"{r.pserver_updates_per_s:.0f}", f"{r.vs_raw:.2f}",
-        f"{r.vs_buffer:.2f}", f"{r.vs_naive:.2f}",
+        f"{r.limit_gbs:.2f}", f"{r.pserver_gbs:.2f}", f"{r.pserver_updates_per_s:.0f}",
+        f"{r.vs_raw:.2f}", f"{r.vs_buffer:.2f}", f"{r.vs_limit:.2f}", f"{r.vs_naive:.2f}",
     ]  # fmt: skip
 
 
@@ -514,6 +582,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.add_argument(name, type=float, nargs="+", metavar="MIB", help=argparse.SUPPRESS)
     p.add_argument("--naive", type=float, metavar="MIB", help=argparse.SUPPRESS)
     p.add_argument("--buffers", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--replay", type=float, metavar="MIB", help=argparse.SUPPRESS)
+    p.add_argument("--zero-copy", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--replay-ranks", type=int, default=os.cpu_count() or 2,
+        help="processes of the limit replay (default: one per core)",
+    )  # fmt: skip
     p.add_argument("--steps", type=int, default=100, help=argparse.SUPPRESS)
     p.add_argument("--raw-seconds", type=float, default=0.3, help=argparse.SUPPRESS)
     args = parse(p, argv)
@@ -530,7 +604,9 @@ def run_worker(args: argparse.Namespace) -> bool:
         raw_gpu_worker(args.raw_gpu, args.raw_seconds)
     elif args.naive:
         naive_worker(args.naive, args.steps, args.buffers)
-    return bool(args.raw or args.raw_gpu or args.naive)
+    elif args.replay:
+        replay_worker(args.replay, args.steps, args.zero_copy)
+    return bool(args.raw or args.raw_gpu or args.naive or args.replay)
 
 
 def json_doc(rows: list[Row], extra: dict[str, Any]) -> dict[str, Any]:
@@ -538,7 +614,8 @@ def json_doc(rows: list[Row], extra: dict[str, Any]) -> dict[str, Any]:
         "argv": sys.argv,
         "cores": os.cpu_count(),
         "rows": [dict(asdict(r), pserver_over_raw=r.vs_raw, pserver_over_pickle=r.vs_naive,
-                      pserver_over_buffer=r.vs_buffer) for r in rows],
+                      pserver_over_buffer=r.vs_buffer, pserver_over_limit=r.vs_limit)
+                 for r in rows],
         **extra,
     }  # fmt: skip
 

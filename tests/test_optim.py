@@ -191,3 +191,26 @@ def test_step_decay_multiplies_by_gamma_at_each_milestone() -> None:
     got = [scheduled_lr(cfg, e) for e in range(7)]
     assert got == pytest.approx([0.1, 0.1, 0.05, 0.05, 0.05, 0.025, 0.025])
     assert scheduled_lr(OptimConfig(lr=0.3), 100) == 0.3  # no milestones: constant
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("wd", [0.0, 0.01])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_step_from_is_copy_then_step_bit_for_bit(rule: str, wd: float, dtype) -> None:
+    """The fused copy-and-step (a new version's update) equals ``copyto`` then ``step`` exactly,
+    over several pieces with a ragged end, and leaves its source alone."""
+    from pserver.optim.rules import FUSED_PIECE
+
+    n = 2 * FUSED_PIECE + 37
+    rng = np.random.default_rng(3)
+    src, g = rng.standard_normal(n).astype(dtype), rng.standard_normal(n).astype(dtype)
+    cfg = OptimConfig(rule=rule, lr=0.1, weight_decay=wd)
+    fused, plain = make_updater(cfg, n, np, dtype), make_updater(cfg, n, np, dtype)
+    kept = src.copy()
+    for lr in (0.1, 0.05):  # twice: the rule's state advances the same way too
+        w_fused, w_plain = np.full(n, np.nan, dtype), src.copy()
+        fused.step_from(w_fused, src, g.copy(), lr)
+        plain.step(w_plain, g.copy(), lr)
+        assert np.array_equal(w_fused, w_plain)
+    assert np.array_equal(src, kept)
+    assert fused.fuses_copy == (rule == "sgd")

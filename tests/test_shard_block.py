@@ -217,6 +217,20 @@ def test_update_into_a_new_version_leaves_the_read_one_alone():
     assert np.array_equal(into, reference("sgd", [(G[0], 0.1)]))
 
 
+def test_update_from_a_source_copies_while_it_steps():
+    """A new version written by the fused step (``source``: the read version, ``into``: an
+    uninitialised buffer) holds what the copy then the step would, and the read one is kept."""
+    b = make(Softsync(1, 1, "none"))
+    read = b.w
+    into = np.full_like(read, np.nan)
+    push(b, G[0])
+    assert b.ready(0.0)
+    b.apply(b.commit(), into, source=read)
+    assert b.w is into and np.array_equal(read, W0)
+    assert np.array_equal(into, reference("sgd", [(G[0], 0.1)]))
+    assert b.fuses_copy
+
+
 def test_serve_gives_w_or_a_copy():
     b = make(Softsync(1, 1, "none"))
     assert b.serve() is b.w

@@ -118,6 +118,15 @@ def test_retire_round_trip(learner):
     assert wire.retired_learner(through_header(Tag.RETIRE, wire.retire_aux(learner))) == learner
 
 
+@pytest.mark.parametrize("oldest", [0, 5, 2**40])
+def test_a_push_pull_is_the_push_then_the_pull(oldest):
+    h = wire.Header(Tag.PUSH_PULL, 3, 41, 7, wire.pull_aux(oldest))
+    push, pull = wire.split_push_pull(h)
+    assert push == wire.Header(Tag.PUSH, 3, 41, 7, wire.push_aux(None))
+    assert wire.push_summed(push.aux) == 0 and wire.push_iteration(push.aux) is None
+    assert pull == wire.Header(Tag.PULL, 3, 41, 7, wire.pull_aux(oldest))
+
+
 def test_the_helpers_named_here_are_wire_functions():
     for name in ENCODERS | DECODERS:
         assert callable(getattr(wire, name)), name

@@ -40,6 +40,10 @@ class Tag(enum.IntEnum):
     # aggregator -> parent: learner ``aux`` (its index) said goodbye below us: a round no longer
     # waits for it (hardsync's Rounds.retire at a cut, pserver.ckpt.drivers.aggregator)
     RETIRE = 12
+    # learner -> server: a PUSH with aux 0 (block rule) and the PULL of the same block that
+    # would follow it at once, in one header: aux = pull_aux(oldest it accepts); the gradient
+    # payload follows as after a PUSH. Half the headers of a push/pull (docs/performance.md)
+    PUSH_PULL = 13
 
 
 # -- ADPSGD's gossip (pserver.roles.gossip), on the learners' communicator ---------------------
@@ -104,6 +108,13 @@ def push_summed(aux: int) -> int:
     """How many gradients a PUSH carries summed by an aggregator (followed by a CLOCK message of
     that many pairs); 0 for a learner's own push (push_aux: 0 or negative)."""
     return max(aux, 0)
+
+
+def split_push_pull(h: Header) -> tuple[Header, Header]:
+    """The PUSH and the PULL a ``Tag.PUSH_PULL`` header stands for, in that order."""
+    push = Header(Tag.PUSH, h.block, h.timestamp, h.sender, push_aux(None))
+    pull = Header(Tag.PULL, h.block, h.timestamp, h.sender, pull_aux(pull_oldest(h.aux)))
+    return push, pull
 
 
 VERSION_SHIFT = 8  # a reply's aux: the Reply kind in the low byte, a window version above it

@@ -40,6 +40,11 @@ from pserver.plan.config import OptimConfig
 
 RULES = ("sgd", "momentum", "nesterov", "adagrad")
 
+#: Elements per piece of a fused copy-and-step (:meth:`Updater.step_from`): 256 KiB of float32,
+#: so the piece just copied is still in the core's L2 cache when the step reads it again. A
+#: multiple of every SIMD width, so each piece is stepped exactly as the whole block would be.
+FUSED_PIECE = 1 << 16
+
 # CUDA sources of the fused kernels: (input params, output params, body). ``T`` is bound to the
 # block's dtype by the array arguments, so the scalars ``lr``, ``m``, ``wd``, ``eps`` are cast
 # to it, as on the numpy path. Each body is the docstring's formula, line for line.
@@ -146,6 +151,39 @@ class Updater:
             self._fused_step(w, g, lr)
         else:
             self._numpy_step(w, g, lr)
+
+    @property
+    def fuses_copy(self) -> bool:
+        """Whether :meth:`step_from` is one pass over memory (plain SGD through BLAS on the
+        host), cheaper than a copy then :meth:`step`; other rules copy, then step."""
+        return self._axpy is not None
+
+    def step_from(self, w: Any, src: Any, g: Any, lr: float) -> None:
+        """``w = src`` stepped by ``g``: the update written into another buffer (a new version of
+        the weights, ``pserver.protocols.versions``), ``src`` left as it was.
+
+        The same arithmetic as ``copyto(w, src); step(w, g, lr)``, bit for bit. For plain SGD on
+        the host it runs piece by piece (``FUSED_PIECE``): each piece is copied, then stepped
+        while still in cache, so the block crosses memory once (read ``src`` and ``g``, write
+        ``w``) instead of twice (docs/performance.md, *The server path at the memory limit*).
+        """
+        axpy = self._axpy
+        if (
+            axpy is None
+            or w.shape != (self.size,)
+            or not (w.flags.c_contiguous and src.flags.c_contiguous and g.flags.c_contiguous)
+        ):
+            self.xp.copyto(w, src)
+            self.step(w, g, lr)
+            return
+        wd = self.weight_decay
+        for start in range(0, self.size, FUSED_PIECE):
+            piece = slice(start, start + FUSED_PIECE)
+            wp, gp = w[piece], g[piece]
+            np.copyto(wp, src[piece])
+            if wd:
+                _in_place(axpy(wp, gp, a=wd), gp)  # d = g + wd * w
+            _in_place(axpy(gp, wp, a=-lr), wp)  # w -= lr * d
 
     def state_arrays(self) -> dict[str, Any]:
         """The live state buffers by name, for checkpoints (empty for SGD).

@@ -92,8 +92,9 @@ class BlockMomentumShard(ShardBlock):
             if self.rule.filter.looks_ahead and self.rule.ahead is None:
                 self.rule.ahead = self.xp.empty_like(self.w)
 
-    def apply(self, decision: UpdateDecision, into: Any = None) -> Applied:
-        """W̄(t) = the mean local model, then eqs. (2)–(4) on W; W_g(t) into ``into``."""
+    def apply(self, decision: UpdateDecision, into: Any = None, source: Any = None) -> Applied:
+        """W̄(t) = the mean local model, then eqs. (2)–(4) on W; W_g(t) into ``into`` (whose
+        contents it replaces whole: ``source``, the current weights, is not needed)."""
         g = self.accum if self.held is None else self.held
         if self.protocol.n_learners != self.n_learners:  # a learner was lost (issue 22)
             self.follow(self.protocol.n_learners)
@@ -111,6 +112,11 @@ class BlockMomentumShard(ShardBlock):
             local_steps=f.tau * len(decision.learners),
         )  # fmt: skip
         return Applied(decision, f.zeta, rows=(("rounds", row),))
+
+    @property
+    def fuses_copy(self) -> bool:
+        """``apply`` writes W_g(t) whole into a new version: it never needs the copy."""
+        return True
 
     def serve(self, out: Any = None) -> Any:
         """W_g(t): W(t) + η·Δ(t) for NBM (eq. 6), W(t) for CBM and MA (eq. 5)."""

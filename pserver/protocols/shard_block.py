@@ -174,11 +174,13 @@ class ShardBlock:
         """Close the protocol's round."""
         return self.protocol.commit(self.ts)
 
-    def apply(self, decision: UpdateDecision, into: Any = None) -> Applied:
+    def apply(self, decision: UpdateDecision, into: Any = None, source: Any = None) -> Applied:
         """Divide, step at the scheduled rate, advance the timestamp.
 
-        ``into``: the buffer the new weights are written to, already holding the current ones
-        (a new version when pulls read the current); None writes ``w`` in place.
+        ``into``: the buffer the new weights are written to (a new version when pulls read the
+        current); None writes ``w`` in place. It already holds the current weights, unless
+        ``source`` is the buffer that does: then the step copies while it updates
+        (``Updater.step_from``, one pass over memory), and ``source`` is left as it was.
         """
         # where these gradients are, in fractional epochs (a warm-up moves within an epoch)
         epoch = self.epochs.position(self.applied, self.dropped)
@@ -186,9 +188,13 @@ class ShardBlock:
         g = self.accum if self.held is None else self.held
         if decision.divisor != 1.0:
             self.xp.multiply(g, 1.0 / decision.divisor, out=g)
-        if into is not None:
+        if into is not None and source is not None:
+            self.updater.step_from(into, source, g, lr)
             self.w = into
-        self.updater.step(self.w, g, lr)
+        else:
+            if into is not None:
+                self.w = into
+            self.updater.step(self.w, g, lr)
         self.ts, self.in_round, self.held = decision.new_timestamp, 0, None
         self.applied += len(decision.vector_clock)
         if self.predictor is None:
@@ -197,6 +203,12 @@ class ShardBlock:
             self.ts, decision.mean_staleness, lr, self.w, self.velocity
         )
         return Applied(decision, lr, self.predictor.steps, probe)
+
+    @property
+    def fuses_copy(self) -> bool:
+        """Whether ``apply`` with a ``source`` copies while it steps, cheaper than a copy then
+        the step (``Updater.fuses_copy``); the driver then leaves a copy-on-write to it."""
+        return self.updater.fuses_copy
 
     def epoch_ends(self) -> EpochEnds:
         """The epochs ended by the gradients counted so far; marks the block done at the end."""

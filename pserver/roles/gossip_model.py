@@ -54,11 +54,20 @@ from mpi4py import MPI
 
 from pserver.ckpt.drivers.gossip import CutAgreement
 from pserver.ckpt.records.gossip import minibatches_to, owed
-from pserver.comm.collectives import Allreducer, Handle
+from pserver.comm.collectives import Allreducer, CollectiveLost, Handle
 from pserver.protocols.epochs import EpochCounter
 from pserver.protocols.lockstep import total_minibatches
 from pserver.protocols.ring import averages_again, sum_to_mean
 from pserver.roles.model_report import ModelReport
+
+#: what a failed average raises: the MPI error, or the allreducer's wrapping of a learner's
+#: loss (``pserver.comm.collectives.fail_fast``); either breaks the ring (module docstring)
+LOSSES = (MPI.Exception, CollectiveLost)
+
+
+def mpi_error(e: BaseException) -> BaseException:
+    """The MPI error under a :class:`CollectiveLost` (the gossip's ``fail`` judges it)."""
+    return e.error if isinstance(e, CollectiveLost) else e
 
 
 class GossipModel:
@@ -124,8 +133,8 @@ class GossipModel:
                     self.xp.copyto(self.buf, w)
                 self.inflight = (self.due[0], steps, self.red.start(self.buf))
                 self.due.popleft()
-        except MPI.Exception as e:
-            self.fail(e)
+        except LOSSES as e:
+            self.fail(mpi_error(e))
 
     def reported(self) -> None:
         assert self.inflight is not None
@@ -172,8 +181,8 @@ class GossipModel:
                 return True
             try:
                 return done()
-            except MPI.Exception as e:
-                self.fail(e)
+            except LOSSES as e:
+                self.fail(mpi_error(e))
                 return True
 
         self.waiter.until(ready, what)
@@ -200,8 +209,8 @@ class GossipModel:
             agreed = self.cut.agree_until(
                 self.stopped, owed(self.counter.next_epoch, self.last_epoch), self.until
             )  # fmt: skip
-        except MPI.Exception as e:
-            self.fail(e)
+        except LOSSES as e:
+            self.fail(mpi_error(e))
             return False
         if agreed is None:
             return False  # the ring broke: goodbyes in the new one, then again
@@ -231,8 +240,8 @@ class GossipModel:
         self.xp.copyto(self.buf, w)
         try:
             final = self.red.start(self.buf)
-        except MPI.Exception as e:
-            self.fail(e)
+        except LOSSES as e:
+            self.fail(mpi_error(e))
             return False
         if not self.until(final.test, "the learners' final average model"):
             return False

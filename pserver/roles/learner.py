@@ -224,7 +224,10 @@ class PSExchange(Exchange):
         Each push is followed at once by the next pull request of that block: the server reads
         its control messages in order, so the pull is answered only after the gradient has been
         taken (Rudra-base semantics unchanged), while block k's weights can travel back as
-        block k+1's gradient arrives. The sends are waited for before ``grad`` is reused.
+        block k+1's gradient arrives. Where the block's shard is our direct parent, under the
+        block rule, the push and that pull share one header (``Tag.PUSH_PULL``), which the
+        shard handles as the two in that order. The sends are waited for before ``grad`` is
+        reused.
         """
         link = self.link
         for b in link.live():
@@ -234,8 +237,15 @@ class PSExchange(Exchange):
                     slot = self.ctx.shm.slot(self.shared[b.index], self.ctx.rank, b)
                     self.xp.copyto(slot, grad[b.start : b.stop])
                 self.ctx.shm.sync()  # the gradient is visible before the header announces it
-            link.push(b, grad, self.rule.push_iteration(), payload=not shared)
-            if b.index not in self.asked and link.source[b.index] == link.owner[b.index]:
+            iteration = self.rule.push_iteration()
+            asks = b.index not in self.asked and link.source[b.index] == link.owner[b.index]
+            if asks and iteration is None and not self.leaving and link.joins_pull(b):
+                # the push and its pull in one header (Tag.PUSH_PULL): the same order at the
+                # shard, half the headers
+                link.push(b, grad, payload=not shared, oldest=self.oldest(b))
+                continue
+            link.push(b, grad, iteration, payload=not shared)
+            if asks:
                 self.ask(b)
 
     # -- end -----------------------------------------------------------------------------------

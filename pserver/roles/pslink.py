@@ -28,6 +28,7 @@ class PSLink:
         lay = ctx.layout
         self.owner = {b.index: lay.upstream(ctx.rank, lay.servers[b.shard]) for b in self.blocks}
         self.source = dict(self.owner)  # where weights come from (a learner, with a bcast tree)
+        self.shard_of = {b.index: lay.servers[b.shard] for b in self.blocks}
         self.w = self.xp.asarray(weights)  # compute buffer: w0, replaced by the first new model
         self.w_comm = self.xp.empty_like(self.w)
         self.payloads = Payloads(ctx.backend, self.blocks, self.w.dtype, ctx.cfg.comm.staging)
@@ -51,13 +52,21 @@ class PSLink:
         """Send a pull request (Rudra's timestamp inquiry) for weights newer than ``oldest``;
         post the receive of the answer (and of its payload unless ``payload`` is False: shm)."""
         src = self.source[b.index]
-        if payload and b.index not in self.posted:
-            buf = self.payloads.incoming(b.index, self.w_comm[b.start : b.stop])
-            self.posted[b.index] = self.ch.bulk.Irecv(buf, src, b.index)
+        self.post_payload(b, payload)
         hdr = Header(Tag.PULL, b.index, self.have[b.index], self.ctx.rank, pull_aux(oldest))
         self.ch.ctrl.Send(hdr.pack(self.out[0]), src, Tag.PULL)
+        self.post_reply(b)
+
+    def post_payload(self, b: Block, payload: bool) -> None:
+        """The receive of a WEIGHTS answer's payload, posted before the pull goes out (it
+        stays posted between pulls until a WEIGHTS answer fills it)."""
+        if payload and b.index not in self.posted:
+            buf = self.payloads.incoming(b.index, self.w_comm[b.start : b.stop])
+            self.posted[b.index] = self.ch.bulk.Irecv(buf, self.source[b.index], b.index)
+
+    def post_reply(self, b: Block) -> None:
         row = self.replies[self.blocks.index(b)]
-        self.asked[b.index] = self.ch.down.Irecv(row, src, reply_tag(b.index))
+        self.asked[b.index] = self.ch.down.Irecv(row, self.source[b.index], reply_tag(b.index))
 
     def answered(self) -> list[Block]:
         """The blocks whose reply header arrived (their requests are no longer outstanding)."""
@@ -82,16 +91,41 @@ class PSLink:
         self.payloads.arrived(b.index, self.w_comm[b.start : b.stop])
 
     def push(
-        self, b: Block, grad: Any, iteration: int | None = None, payload: bool = True
+        self,
+        b: Block,
+        grad: Any,
+        iteration: int | None = None,
+        payload: bool = True,
+        oldest: int | None = None,
     ) -> None:
         """Announce block ``b``'s gradient (timestamp: the weights it was computed from; the
         learner's iteration tag under the iteration rule, else None) and send it unless
-        ``payload`` is False (shm: the shard reads it in its window)."""
-        hdr = Header(Tag.PUSH, b.index, self.have[b.index], self.ctx.rank, push_aux(iteration))
-        self.ch.ctrl.Send(hdr.pack(self.out[0]), self.owner[b.index], Tag.PUSH)
+        ``payload`` is False (shm: the shard reads it in its window).
+
+        ``oldest``: also ask for the block's weights newer than that (:meth:`ask`), in the same
+        header (``Tag.PUSH_PULL``); only for a block whose owner is its shard and its source
+        (:meth:`joins_pull`), under the block rule."""
+        if oldest is not None:
+            if iteration is not None or not self.joins_pull(b):
+                raise ValueError(f"block {b.index}: a push and its pull cannot share a header")
+            self.post_payload(b, payload)
+            hdr = Header(Tag.PUSH_PULL, b.index, self.have[b.index], self.ctx.rank,
+                         pull_aux(oldest))  # fmt: skip
+        else:
+            hdr = Header(
+                Tag.PUSH, b.index, self.have[b.index], self.ctx.rank, push_aux(iteration)
+            )
+        self.ch.ctrl.Send(hdr.pack(self.out[0]), self.owner[b.index], hdr.kind)
         if payload:
             buf = self.payloads.outgoing(b.index, grad[b.start : b.stop])
             self.pushing.append(self.ch.bulk.Isend(buf, self.owner[b.index], b.index))
+        if oldest is not None:
+            self.post_reply(b)
+
+    def joins_pull(self, b: Block) -> bool:
+        """Whether block ``b``'s push and pull may share a header: both go to its shard itself
+        (no aggregator or relaying learner between, which read only PUSH and PULL)."""
+        return self.owner[b.index] == self.source[b.index] == self.shard_of[b.index]
 
     def install(self, fresh: list[Block]) -> None:
         """Make the blocks that arrived in ``w_comm`` the compute buffer's."""

@@ -31,16 +31,16 @@ from pserver.comm.wire import (
     push_iteration,
     push_summed,
     retired_learner,
+    split_push_pull,
 )
 from pserver.plan.config import inject_plan
 from pserver.roles.shard_inject import ShardInjection
 from pserver.roles.shard_pulls import PullAnswers
 from pserver.roles.shard_rows import ShardRows, prediction_summary
-from pserver.roles.shard_state import BlockBuilder, BlockState
+from pserver.roles.shard_state import BlockBuilder, BlockState, ShardPath
 from pserver.roles.shard_versions import summary
 from pserver.roles.snapshots import SNAPSHOT_QUEUE_MAX, snapshot_queue
 from pserver.runtime.context import Context
-from pserver.strategies.serving import serving
 
 __all__ = ["SNAPSHOT_QUEUE_MAX", "BlockState", "ServerShard", "snapshot_queue"]
 
@@ -55,16 +55,14 @@ class ServerShard:
         self.records = ctx.records()
         self.live = set(ctx.layout.children(None))  # learners, or the top aggregators
         self.out = header_buffer()
-        self.shm = ctx.shm if ctx.shm is not None and ctx.rank in ctx.shm.local else None
-        self.zero_copy = self.shm is not None and self.shm.zero_copy(ctx.rank)
-        # learners whose payloads go through our window (the others use messages)
-        self.window_peers = frozenset(self.shm.local[ctx.rank] if self.shm is not None else ())
         mine = ctx.blocks_of(self.shard)
         self.payloads = Payloads(ctx.backend, mine, weights.dtype, self.cfg.comm.staging)
-        # the serving mode, decided here once (plain, predicted or BMUF's; with host staging
-        # MPI reads staged copies, which are versioned; else w itself is)
-        self.mode = serving(self.cfg, staged=self.payloads.staged and self.shm is None)
-        build = BlockBuilder(ctx, self.shm, self.mode, len(self.live))
+        # the serving path, decided here once (shard_state.ShardPath): the mode (plain,
+        # predicted or BMUF's; with host staging MPI reads staged copies, which are versioned,
+        # else w itself is) and the transport (messages, the window, zero copy)
+        self.path = ShardPath.of(ctx, self.payloads.staged)
+        self.shm, self.mode = self.path.shm, self.path.mode
+        build = BlockBuilder(ctx, self.path, len(self.live))
         self.blocks = build.blocks(mine, weights)
         for st in self.blocks.values():  # a pull answer to a lost learner (issue 22)
             st.versions.absorb = lambda error: ctx.peers.absorb(error, ctx.log)
@@ -73,8 +71,11 @@ class ServerShard:
         self.dropped_after_stop = 0
         self.bytes_in = 0
         self.inject = ShardInjection(inject_plan(self.cfg), self.shard, self.live)
-        self.pulls = PullAnswers(self)
+        self.pulls = PullAnswers(
+            ctx, self.blocks, self.path, self.payloads, self.inject, self.rows
+        )
         self.handlers[Tag.PULL] = self.pulls.on_pull
+        self.handlers[Tag.PUSH_PULL] = self.on_push_pull
         if ctx.resume is not None:
             self.restore(ctx.resume.state)
 
@@ -141,9 +142,17 @@ class ServerShard:
         finally:
             st.arith.keep()  # the learner may reuse its slot once we answer its pull
 
+    def on_push_pull(self, h: Header) -> None:
+        """A push and the pull that follows it in one header (``Tag.PUSH_PULL``): handled as
+        the PUSH, then the PULL, would be. A learner lost sending its gradient asks nothing."""
+        push, pull = split_push_pull(h)
+        self.on_push(push)
+        if not self.gone(h.sender):
+            self.pulls.on_pull(pull)
+
     def shared(self, h: Header) -> bool:
         """Whether this push left its gradient in our shared window (a learner of our node)."""
-        return push_summed(h.aux) == 0 and h.sender in self.window_peers  # not an aggregator's
+        return push_summed(h.aux) == 0 and self.path.shared(h.sender)  # not an aggregator's
 
     def take_gradient(self, st: BlockState, h: Header, g: Any) -> None:
         """The protocol's decision on the gradient(s) of one push, now in ``g``."""
@@ -175,10 +184,12 @@ class ServerShard:
     def update(self, st: BlockState) -> None:
         decision = st.arith.commit()
         # sends read w itself: never under them (copy-on-write); staged or predicted they do not
-        into = None
+        into = source = None
         if self.mode.sends_read_w:
-            into = st.versions.new_version(self.waiter, st.arith.w.nbytes)
-        applied = st.arith.apply(decision, into)
+            into, source = st.versions.new_version(
+                self.waiter, st.arith.w.nbytes, st.arith.fuses_copy
+            )
+        applied = st.arith.apply(decision, into, source)
         self.rows.update(st.block.index, applied.decision, applied.lr)
         if applied.steps >= 0:
             self.rows.prediction(st.block.index, applied, st.arith.predictor)

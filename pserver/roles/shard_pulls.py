@@ -9,24 +9,35 @@ of the current or staged version, a shared-window copy or a zero-copy loan). The
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from pserver.comm.payload import Payloads
 from pserver.comm.wire import Header, Reply, Tag, header_buffer, pull_oldest, reply_aux, reply_tag
 from pserver.protocols.pull import pull_answer
-from pserver.roles.shard_state import BlockState
+from pserver.roles.shard_inject import ShardInjection
+from pserver.roles.shard_rows import ShardRows
+from pserver.roles.shard_state import BlockState, ShardPath
+from pserver.runtime.context import Context
 
 
 class PullAnswers:
-    """Held pulls and replies of a shard (see the module docstring); ``shard`` is the
-    :class:`~pserver.roles.server.ServerShard` whose blocks, transport and injection it reads."""
+    """Held pulls and replies of a shard (see the module docstring), given what they read:
+    the run's context (layout, clock, channels, backend), the shard's blocks, its serving
+    path (``ShardPath``: mode and transport, decided once), its payload buffers, its injected
+    delays and its dump rows."""
 
-    def __init__(self, shard: Any) -> None:
-        self.ctx, self.ch, self.blocks = shard.ctx, shard.ch, shard.blocks
-        self.inject, self.rows, self.payloads = shard.inject, shard.rows, shard.payloads
-        self.shm, self.zero_copy, self.window_peers = shard.shm, shard.zero_copy, shard.window_peers
-        self.mode = shard.mode  # decided once by the server (pserver.strategies.serving)
+    def __init__(
+        self,
+        ctx: Context,
+        blocks: dict[int, BlockState],
+        path: ShardPath,
+        payloads: Payloads,
+        inject: ShardInjection,
+        rows: ShardRows,
+    ) -> None:
+        self.ctx, self.ch, self.blocks, self.path = ctx, ctx.channels, blocks, path
+        self.inject, self.rows, self.payloads = inject, rows, payloads
+        self.shm, self.mode = path.shm, path.mode
         self.out = header_buffer()
         self.ack = np.empty(0, dtype=np.int8)  # shared-window copies are acknowledged empty
         self.bytes_out = 0
@@ -88,7 +99,7 @@ class PullAnswers:
         free version for the next update (``VersionPool.may_pin``); a release lets it go.
         """
         st = self.blocks[h.block]
-        reads = self.zero_copy and h.sender in self.window_peers  # computes on the version
+        reads = self.path.lends(h.sender)  # computes on the version
         a = st.arith
         ready = lambda: a.protocol.pull_ready(self.ctx.layout.index(h.sender))  # noqa: E731
         oldest = pull_oldest(h.aux)
@@ -126,7 +137,7 @@ class PullAnswers:
         """Reply with the current version; the send (or the window copy's acknowledgement)
         pins that version until it completes."""
         b, v = st.block.index, st.versions
-        if dest in self.window_peers:  # the learner copies the version out, then acknowledges
+        if self.path.shared(dest):  # the learner copies the version out, then acknowledges
             self.shm.sync()
             self.reply(dest, st, Reply.WEIGHTS, v.pool.current)
             req = self.ch.ack.Irecv(self.ack, dest, b)

@@ -1,4 +1,10 @@
-"""A shard's blocks as the server driver holds them, and how they are built.
+"""A shard's blocks as the server driver holds them, how they are built, and how it serves.
+
+:class:`ShardPath` is the shard's serving path, decided once at construction from the plan:
+what its blocks compute and serve (``pserver.strategies.serving``: plain, predicted, block
+momentum; staged host copies or not) and how payloads travel (messages, or the node's shared
+window, with or without zero copy). The server, its block builder and its pull answers read
+this one frozen value instead of testing the transport and the strategy each on their own.
 
 Each block is its arithmetic (``pserver.protocols.shard_block``, pure), the versions pulls read and
 the
@@ -21,7 +27,7 @@ from pserver.protocols.shard_block import ShardBlock
 from pserver.roles.shard_versions import ServedVersions
 from pserver.roles.snapshots import Snapshots, snapshot_queue
 from pserver.runtime.context import Context
-from pserver.strategies.serving import Serving
+from pserver.strategies.serving import Serving, serving
 
 
 @dataclass
@@ -38,14 +44,48 @@ class BlockState:
     starved: list[Header] = field(default_factory=list)  # pulls held until a version is free
 
 
+@dataclass(frozen=True)
+class ShardPath:
+    """How one shard serves (see the module docstring): decided once, read everywhere."""
+
+    mode: Serving  # what the blocks compute and serve (plain, predicted, BMUF's; staged)
+    shm: Any  # the node's shared windows, when this shard serves through one, else None
+    window_peers: frozenset[int]  # learners whose payloads go through our window
+    zero_copy: bool  # those learners compute on the window's versions in place (one block)
+
+    @classmethod
+    def of(cls, ctx: Context, staged: bool) -> ShardPath:
+        """The path of shard rank ``ctx.rank``; ``staged``: its payloads go through host buffers
+        (``pserver.comm.payload``), which a shared window makes unnecessary."""
+        shm = ctx.shm if ctx.shm is not None and ctx.rank in ctx.shm.local else None
+        peers = frozenset(shm.local[ctx.rank] if shm is not None else ())
+        zero_copy = shm is not None and shm.zero_copy(ctx.rank)
+        return cls(serving(ctx.cfg, staged=staged and shm is None), shm, peers, zero_copy)
+
+    def shared(self, rank: int) -> bool:
+        """Whether learner ``rank``'s payloads go through our window."""
+        return rank in self.window_peers
+
+    def lends(self, rank: int) -> bool:
+        """Whether learner ``rank`` computes on our window's current version in place."""
+        return self.zero_copy and rank in self.window_peers
+
+
 @dataclass
 class BlockBuilder:
     """Builds a shard's blocks from the whole initial vector ``weights``."""
 
     ctx: Context
-    shm: Any  # the node's shared windows, when this shard serves through one, else None
-    mode: Serving  # what the blocks compute and serve, decided once by the server
+    path: ShardPath  # how the shard serves, decided once by the server
     readers: int  # ranks that pull from the shard
+
+    @property
+    def shm(self) -> Any:
+        return self.path.shm
+
+    @property
+    def mode(self) -> Serving:
+        return self.path.mode
 
     def blocks(self, mine: list[Block], weights: Any) -> dict[int, BlockState]:
         itemsize = np.dtype(weights.dtype).itemsize

@@ -70,27 +70,35 @@ class ServedVersions:
         if learner in self.readers:
             self.pool.release(self.readers.pop(learner))
 
-    def new_version(self, waiter: Waiter, nbytes: int) -> Any:
-        """A buffer no send or learner reads, holding the current weights, for the update to
-        write (the current buffer itself when nothing reads it).
+    def new_version(self, waiter: Waiter, nbytes: int, fused: bool = False) -> tuple[Any, Any]:
+        """(target, source): a buffer no send or learner reads, for the update to write, and
+        the buffer holding the current weights it starts from (None: the target holds them —
+        in place, or already copied).
 
         In place when every send of the current version has completed; else the weights are
         copied to a free version (allocated up to ``comm.versions``), which the pool's rule
         (``VersionPool.may_pin``) keeps whenever the current one is read. Sends to responsive
-        receivers are given at most as long as that copy takes (the last one's duration) to
-        complete first: driving them is work the shard does anyway, the copy is not. A stopped
-        receiver thus delays an update by at most one copy's time, and only the first update
-        after it stopped (later ones find its version no longer current).
+        receivers are given at most as long as that copy takes (the last one's duration; with
+        ``fused``, an estimate from ``nbytes``) to complete first: driving them is work the shard
+        does anyway, the copy is not. A stopped receiver thus delays an update by at most one
+        copy's time, and only the first update after it stopped (later ones find its version
+        no longer current). ``fused``: the update copies while it steps
+        (``Updater.step_from``: one pass over memory), so the copy is left to it and the
+        source returned.
         """
         self.give_sends(waiter, self.copy_cost or nbytes / 2e9)
         write = self.pool.write()
         while len(self.bufs) < self.pool.allocated:
             self.bufs.append(self.buffer(len(self.bufs)))
-        if write.copy_from is not None:
-            started = time.perf_counter()
-            self.xp.copyto(self.bufs[write.target], self.bufs[write.copy_from])
-            self.copy_cost = time.perf_counter() - started
-        return self.bufs[write.target]
+        target = self.bufs[write.target]
+        if write.copy_from is None:
+            return target, None
+        if fused:
+            return target, self.bufs[write.copy_from]
+        started = time.perf_counter()
+        self.xp.copyto(target, self.bufs[write.copy_from])
+        self.copy_cost = time.perf_counter() - started
+        return target, None
 
     def give_sends(self, waiter: Waiter, seconds: float) -> None:
         """Let the sends reading the current version complete, for at most ``seconds``; not

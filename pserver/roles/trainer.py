@@ -206,14 +206,17 @@ class Trainer:
             time.sleep(extra)
 
     def check_gradient(self, w: Any, grad: Any) -> None:
-        """Refuse a gradient with a NaN or infinite value before the exchange sees it. One
-        float64 sum is the test: any NaN or Inf makes it non-finite, and float64 cannot
-        overflow on a sum of finite float32 or float16 values."""
-        if math.isfinite(float(grad.sum(dtype=self.xp.float64))):
+        """Refuse a gradient with a NaN or infinite value before the exchange sees it. One sum
+        in the gradient's own dtype is the test: any NaN or Inf makes it non-finite. A sum of
+        finite values that overflows is non-finite too, and the exact count below then finds
+        nothing bad. (A float64 sum of float32 values converts every element first: about twice
+        the CPU of the dtype's own sum, as much as the null model's whole step;
+        docs/performance.md, *The server path at the memory limit*.)"""
+        if math.isfinite(float(grad.sum())):
             return
         bad = ~self.xp.isfinite(grad)
         n_bad = int(bad.sum())
-        if n_bad == 0:  # float64 gradients summing past 1e308: finite, only huge
+        if n_bad == 0:  # finite gradients whose sum overflowed the dtype: only huge
             return
         first = int(self.xp.argmax(bad))
         bad_w = int((~self.xp.isfinite(w)).sum())
