@@ -91,8 +91,8 @@ def test_prepare_refuses_what_the_node_cannot_hold(overrides, key):
 def test_prepare_accepts_the_quickstart_on_a_small_node():
     from pserver.runtime.context import prepare
 
-    ctx = prepare(load_config(None, []), 7, 3, logging.getLogger("test"), available=GiB)
-    assert ctx.model.n_params > 0
+    plan, _ = prepare(load_config(None, []), 7, 3, logging.getLogger("test"), available=GiB)
+    assert plan.model.n_params > 0
 
 
 def test_the_shards_weight_versions_are_counted():
@@ -114,9 +114,9 @@ def test_only_the_data_and_statistics_servers_hold_the_dataset(tmp_path):
     cfg = load_config(None, over)
     held = {}
     for rank in range(5):  # server, stats, data, 2 learners
-        ctx = prepare(cfg, 5, rank, logging.getLogger("test"), available=None, rid="t")
-        held[ctx.layout.describe(rank)] = (ctx.dataset.X_train.size, ctx.dataset.X_test.size)
-        assert ctx.train_size == 3000
+        plan, _ = prepare(cfg, 5, rank, logging.getLogger("test"), available=None, rid="t")
+        held[plan.layout.describe(rank)] = (plan.dataset.X_train.size, plan.dataset.X_test.size)
+        assert plan.train_size == 3000
     assert held["data server"][0] > 0 and held["stats server"] == (0, 1000 * 64)
     assert held["server 0"] == held["learner 0"] == held["learner 1"] == (0, 0)
 

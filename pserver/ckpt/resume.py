@@ -10,7 +10,7 @@ HYBRID:
 (the learners save their models, optimizer state and clocks, ``pserver.ckpt.drivers.gossip``)
 and the model-averaging family (BMUF, MA: the shards' W and Δ, learners stopped at a block's
 start; either transport); the parameter-server family also with Rudra-adv's aggregator tree
-and the learner broadcast tree (``pserver.ckpt.drivers.aggregator``, ``pserver.roles.bcast``: the
+and the learner broadcast tree (``pserver.roles.aggregator``, ``pserver.roles.bcast``: the
 cut drains them, the fan-outs must not change on resume), and with partial pulling and the
 iteration rule (``protocol.pull_fraction < 1``, ``protocol.pull_timestamp = "iteration"``:
 ``pserver.ckpt.records.partial_pull``). Lockstep and block learners stop on a signal at one boundary
@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -59,6 +59,37 @@ from pserver.strategies import lookup, names
 from pserver.strategies.base import LOCAL_STEPS, PS, PS_OVERLAP
 from pserver.strategies.collective import ALLREDUCE, ALLREDUCE_DELAYED, GOSSIP
 from pserver.strategies.serving import serving
+
+if TYPE_CHECKING:
+    from learners.contract import Model
+    from learners.data import Dataset
+    from pserver.plan.topology import Block, Layout, Role
+
+
+class RankPlan(Protocol):
+    """What the checks of a resumed rank's state read of its plan
+    (``pserver.runtime.context.Plan`` is one)."""
+
+    @property
+    def cfg(self) -> Config: ...
+    @property
+    def layout(self) -> Layout: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def model(self) -> Model: ...
+    @property
+    def dataset(self) -> Dataset: ...
+    @property
+    def blocks(self) -> tuple[Block, ...]: ...
+    @property
+    def role(self) -> Role: ...
+    @property
+    def dump_path(self) -> Path: ...
+    @property
+    def train_size(self) -> int: ...
+    def blocks_of(self, shard: int) -> list[Block]: ...
+
 
 CKPT_DIR = "checkpoint"
 
@@ -251,13 +282,13 @@ def check_data(state: State, X: Any, y: Any, where: str) -> None:
         )
 
 
-def check_attrs(ctx: Any, state: State, where: str) -> None:
+def check_attrs(plan: RankPlan, state: State, where: str) -> None:
     """The JSON attributes each role's ``restore()`` reads back, checked for type and range
     before training (issue 22, D4): a restore runs after the start-up agreement, where a bad
     value would crash one rank or, like ``dump_rows`` = 0, silently cut the dump."""
     from pserver.plan.topology import Role
 
-    a, role = state.attrs, ctx.role
+    a, role = state.attrs, plan.role
     if role is Role.STATS:  # pserver.roles.statserver.StatsServer.restore
         counts(a, "dump_rows", where)
         counts(a, "tested", where)
@@ -269,7 +300,7 @@ def check_attrs(ctx: Any, state: State, where: str) -> None:
             attr({f"sigma[{i}]": v}, f"sigma[{i}]", float, where, 0)
         attr(a, "elapsed", float, where, 0)
     elif role is Role.SERVER:  # pserver.ckpt.records.shard.restore_block
-        for b in ctx.blocks_of(ctx.layout.index(ctx.rank)):
+        for b in plan.blocks_of(plan.layout.index(plan.rank)):
             block = attr(attr(a, "blocks", dict, where), str(b.index), dict, where)
             for name in ("ts", "applied", "dropped", "next_epoch"):
                 attr(block, name, int, f"{where} block {b.index}", 0)
@@ -297,107 +328,108 @@ def check_attrs(ctx: Any, state: State, where: str) -> None:
         counts(a, "children", where)
 
 
-def check_state(ctx: Any) -> None:
-    """Refuse, before training, a rank state that does not fit this run's model and data."""
+def check_state(plan: RankPlan, resume: Resume) -> None:
+    """Refuse, before training, a rank state (``resume``'s) that does not fit this run's model
+    and data (``plan``'s)."""
     from pserver.optim.rules import make_updater
     from pserver.plan.topology import Role
 
-    state, where = ctx.resume.state, f"--resume {ctx.resume.run_dir} (rank {ctx.rank})"
-    role = ctx.role
-    check_attrs(ctx, state, where)
+    state, where = resume.state, f"--resume {resume.run_dir} (rank {plan.rank})"
+    role = plan.role
+    check_attrs(plan, state, where)
     if role is Role.SERVER:
-        dtype = np.dtype(ctx.model.dtype)
-        names = make_updater(ctx.cfg.optim, 1, np, dtype).state_arrays()
-        if lookup(ctx.cfg.protocol.name).shard_block:  # BMUF's master keeps Δ, no optimizer
+        dtype = np.dtype(plan.model.dtype)
+        names = make_updater(plan.cfg.optim, 1, np, dtype).state_arrays()
+        if lookup(plan.cfg.protocol.name).shard_block:  # BMUF's master keeps Δ, no optimizer
             names = {"delta": None}
-        for b in ctx.blocks_of(ctx.layout.index(ctx.rank)):
+        for b in plan.blocks_of(plan.layout.index(plan.rank)):
             expect(state, f"w{b.index}", (b.size,), dtype, where)
             for name in names:
                 expect(state, f"opt{b.index}.{name}", (b.size,), dtype, where)
             if str(b.index) not in state.attrs.get("blocks", {}):
                 raise CheckpointError(f"{where}: the checkpoint lacks block {b.index}'s state")
-            if serving(ctx.cfg).predicts:  # PP-ASGD's predictor (pserver.ckpt.records.prediction)
-                check_predictor(ctx.cfg, state, b, where)
+            if serving(plan.cfg).predicts:  # PP-ASGD's predictor (pserver.ckpt.records.prediction)
+                check_predictor(plan.cfg, state, b, where)
     elif role is Role.DATA:
         sampler = state.attrs.get("sampler", {})
-        batch, n = ctx.cfg.data.batch_size, ctx.train_size
+        batch, n = plan.cfg.data.batch_size, plan.train_size
         if (sampler.get("n"), sampler.get("batch_size")) != (n, batch):
             raise CheckpointError(
                 f"{where}: the data stream was of {sampler.get('n')} samples in batches of "
                 f"{sampler.get('batch_size')}, this run has {n} in batches of {batch}"
             )
-        check_data(state, ctx.dataset.X_train, ctx.dataset.y_train, where)
+        check_data(state, plan.dataset.X_train, plan.dataset.y_train, where)
         replay = state.arrays.get("replay")
         if replay is None or replay.ndim != 2 or replay.shape[1] != batch:
             raise CheckpointError(f"{where}: the replayed minibatches are missing or malformed")
     elif role is Role.LEARNER:  # what its exchange saves (LEARNER_RECORDS)
-        exchange = lookup(ctx.cfg.protocol.name).exchange(ctx.cfg.comm.mode)
-        LEARNER_RECORDS[exchange](ctx, state, where)
+        exchange = lookup(plan.cfg.protocol.name).exchange(plan.cfg.comm.mode)
+        LEARNER_RECORDS[exchange](plan, state, where)
     elif role is Role.AGGREGATOR:  # the tree placed by node (pserver.plan.topology.tree_layout)
         saved = state.attrs.get("children")
-        now = sorted(ctx.layout.children(ctx.rank))
+        now = sorted(plan.layout.children(plan.rank))
         if saved is not None and list(saved) != now:
             raise CheckpointError(
                 f"{where}: this aggregator's children were ranks {list(saved)}, they are {now} "
                 "now: the aggregator tree was laid out on other nodes; resume on the same hosts"
             )
-    elif role is Role.STATS and not ctx.dump_path.is_file():
-        raise CheckpointError(f"{where}: the dump {ctx.dump_path} to continue is missing")
+    elif role is Role.STATS and not plan.dump_path.is_file():
+        raise CheckpointError(f"{where}: the dump {plan.dump_path} to continue is missing")
 
 
 # -- the learner's own record, by its exchange (``Strategy.exchanges``) ----------------------
 
 
-def _no_record(ctx: Any, state: State, where: str) -> None:
+def _no_record(plan: RankPlan, state: State, where: str) -> None:
     """BMUF's and MA's learners start every block from the shards' model: nothing of theirs."""
 
 
-def _ps_copies(ctx: Any, state: State, where: str) -> None:
+def _ps_copies(plan: RankPlan, state: State, where: str) -> None:
     """Partial pulling keeps the learner's copies and iteration tag
     (``pserver.ckpt.records.partial_pull``); a plain PS learner keeps nothing."""
-    if keeps_copies(ctx.cfg):
-        blocks = [b.index for b in ctx.blocks]
-        check_copies(state, ctx.model.n_params, np_dtype(ctx), blocks, where)
+    if keeps_copies(plan.cfg):
+        blocks = [b.index for b in plan.blocks]
+        check_copies(state, plan.model.n_params, np_dtype(plan), blocks, where)
 
 
-def _ps_pipeline(ctx: Any, state: State, where: str) -> None:
+def _ps_pipeline(plan: RankPlan, state: State, where: str) -> None:
     """The overlapped learner's pipeline (``pserver.ckpt.records.pipeline``)."""
-    blocks = [b.index for b in ctx.blocks]
-    check_pipeline(state, ctx.model.n_params, np_dtype(ctx), blocks, where)
+    blocks = [b.index for b in plan.blocks]
+    check_pipeline(state, plan.model.n_params, np_dtype(plan), blocks, where)
 
 
-def _lockstep_model(ctx: Any, state: State, where: str, extra: tuple[str, ...] = ()) -> None:
+def _lockstep_model(plan: RankPlan, state: State, where: str, extra: tuple[str, ...] = ()) -> None:
     """SYNC's learner: its model and optimizer state (``pserver.ckpt.drivers.lockstep``)."""
-    dtype = np_dtype(ctx)
-    for name in ["w", *(f"opt.{k}" for k in rule_arrays(ctx)), *extra]:
-        expect(state, f"exchange.{name}", (ctx.model.n_params,), dtype, where)
+    dtype = np_dtype(plan)
+    for name in ["w", *(f"opt.{k}" for k in rule_arrays(plan)), *extra]:
+        expect(state, f"exchange.{name}", (plan.model.n_params,), dtype, where)
 
 
-def _lockstep_delayed(ctx: Any, state: State, where: str) -> None:
+def _lockstep_delayed(plan: RankPlan, state: State, where: str) -> None:
     """HYBRID's: SYNC's, and the model before the last landing (``pre``)."""
-    _lockstep_model(ctx, state, where, ("pre",))
+    _lockstep_model(plan, state, where, ("pre",))
 
 
-def _gossip(ctx: Any, state: State, where: str) -> None:
+def _gossip(plan: RankPlan, state: State, where: str) -> None:
     """ADPSGD's learner: model, optimizer state, clocks (``pserver.ckpt.records.gossip``)."""
-    check_learner(state, ctx.model.n_params, np_dtype(ctx), rule_arrays(ctx),
-                  len(ctx.layout.learners), where)  # fmt: skip
+    check_learner(state, plan.model.n_params, np_dtype(plan), rule_arrays(plan),
+                  len(plan.layout.learners), where)  # fmt: skip
 
 
-def np_dtype(ctx: Any) -> np.dtype:
-    return np.dtype(ctx.model.dtype)
+def np_dtype(plan: RankPlan) -> np.dtype:
+    return np.dtype(plan.model.dtype)
 
 
-def rule_arrays(ctx: Any) -> list[str]:
+def rule_arrays(plan: RankPlan) -> list[str]:
     """The names of the update rule's state arrays (momentum's velocity, …) for this run."""
     from pserver.optim.rules import make_updater
 
-    return list(make_updater(ctx.cfg.optim, 1, np, np_dtype(ctx)).state_arrays())
+    return list(make_updater(plan.cfg.optim, 1, np, np_dtype(plan)).state_arrays())
 
 
 #: learner exchange -> the check of the record it saves: a strategy with one of these exchanges
 #: needs no entry of its own here (a new exchange adds its record's check)
-LEARNER_RECORDS: dict[str, Callable[[Any, State, str], None]] = {
+LEARNER_RECORDS: dict[str, Callable[[RankPlan, State, str], None]] = {
     PS: _ps_copies,
     PS_OVERLAP: _ps_pipeline,
     LOCAL_STEPS: _no_record,

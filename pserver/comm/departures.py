@@ -29,9 +29,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mpi4py import MPI
+
+if TYPE_CHECKING:
+    from pserver.comm.channels import Channels
+    from pserver.plan.config import Config
 
 FT_ENV = "OMPI_MCA_mpi_ft_enable"  # set by Open MPI's mpiexec --with-ft ulfm
 #: MPI error classes that say a peer failed (the wait may absorb them).
@@ -186,14 +190,15 @@ def departures_for(
     return d
 
 
-def departures_of(ctx: Any, world: MPI.Comm) -> Departures | None:
-    """:func:`departures_for` of a prepared rank (``pserver.runtime.context.Context``, its
-    channels built)."""
+def departures_of(
+    world: MPI.Comm, ch: Channels, learners: Iterable[int], cfg: Config
+) -> Departures | None:
+    """:func:`departures_for` of a prepared rank, its channels ``ch`` built (before the start
+    barrier, ``pserver.job.cli.run``)."""
     from pserver.strategies import survives_lost_learner
 
-    ch = ctx.channels
     comms = (ch.ctrl, ch.down, ch.bulk, ch.io, ch.stats, ch.ack)
-    return departures_for(world, comms, ctx.layout.learners, survives_lost_learner(ctx.cfg))
+    return departures_for(world, comms, learners, survives_lost_learner(cfg))
 
 
 def is_failure(error: BaseException) -> bool:

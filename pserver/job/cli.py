@@ -23,13 +23,14 @@ own_session()
 mpi_defaults()
 
 import argparse
+import logging
 import socket
 import sys
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from pserver import __version__
 from pserver.errors import PeerLost, RunError
@@ -46,6 +47,20 @@ from pserver.runtime.signals import STOPPED
 from pserver.strategies import LOCAL_STEPS, PS, PS_OVERLAP, lookup
 from pserver.strategies.adpsgd import GOSSIP
 from pserver.strategies.collective import ALLREDUCE, ALLREDUCE_DELAYED
+
+if TYPE_CHECKING:
+    import numpy as np
+    from mpi4py import MPI
+
+    from pserver.ckpt.resume import Resume
+    from pserver.comm.backend import Backend
+    from pserver.comm.waiting import PeerLog
+    from pserver.roles.aggregator import Aggregator
+    from pserver.roles.dataserver import DataServer
+    from pserver.roles.server import ServerShard
+    from pserver.roles.statserver import StatsServer
+    from pserver.roles.trainer import Trainer
+    from pserver.runtime.context import Context, Plan
 
 
 class Parser(argparse.ArgumentParser):
@@ -128,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         return rank_main(argv, MPI.COMM_WORLD)
 
 
-def rank_main(argv: list[str] | None, world) -> int:  # noqa: ANN001 - MPI.Comm
+def rank_main(argv: list[str] | None, world: MPI.Comm) -> int:
     """One rank's life under ``main``."""
     from pserver.comm.waiting import PeerLog, Waiter, crowded_poll_max, crowded_spin
     from pserver.runtime.startup import agree, failure_message, outcome, status_of
@@ -141,7 +156,7 @@ def rank_main(argv: list[str] | None, world) -> int:  # noqa: ANN001 - MPI.Comm
             print(f"pserver-run: error: {lone[0]}", file=sys.stderr, flush=True)
         return 2
     from pserver.comm.collectives import learner_comm
-    from pserver.runtime.context import learner_ranks, local_rank, prepare
+    from pserver.runtime.context import learner_ranks, local_rank, prepare, with_initial_weights
 
     local, nodes, roster = local_rank(world)  # collective: before anything may fail on one rank
     # one run id for every rank (its run directory, pserver.runtime.rundir): rank 0's, collectively
@@ -151,7 +166,7 @@ def rank_main(argv: list[str] | None, world) -> int:  # noqa: ANN001 - MPI.Comm
     PHASES.mark("mpi init")  # MPI_Init, the node census, the learners' communicator
     peers = PeerLog(roster)
     log = setup_logging(rank, "starting")
-    ctx, error, comm = None, None, CommConfig()
+    prepared, resume, error, comm = None, None, None, CommConfig()
     try:
         cfg = source.load()
         if args.resume is not None:
@@ -164,28 +179,21 @@ def rank_main(argv: list[str] | None, world) -> int:  # noqa: ANN001 - MPI.Comm
         PHASES.mark("config")
         if rank == 0 and unread(cfg):  # once per run: a comparison's file, not a mistake
             log.info("%s", unread_line(unread(cfg)))
-        ctx = prepare(cfg, size, rank, log, local, nodes, peers, rid=rid)
+        plan, backend = prepare(cfg, size, rank, log, local, nodes, peers, rid=rid)
         PHASES.mark("prepare")  # the dataset read (data and stats servers), the model
-        ctx.learner_comm = learners
-        ctx.hosts = [p.host for p in roster.procs]
-        ctx.pids = [p.pid for p in roster.procs]
         if args.resume is not None:
             from pserver.ckpt.resume import check_state, open_resume
 
-            ctx.resume = open_resume(source.run_dir(), cfg, size, rank, ctx.role.value,
-                                     from_file=args.config is not None)
-            check_state(ctx)
-        if cfg.model.init_from and args.resume is None:  # a resume's w0 is its checkpoint's
-            from pserver.ckpt.warm_start import load_initial_weights, resolved
-
-            cfg.model.init_from = resolved(cfg.model.init_from)  # recorded: the run, not latest
-            ctx.w0 = load_initial_weights(
-                cfg.model.init_from, asdict(cfg.model), ctx.model.n_params, ctx.model.dtype
-            )
-        if cfg.run.checkpoint_interval > 0:  # periodic checkpoints: refused as --resume is
+            resume = open_resume(source.run_dir(), plan.cfg, size, rank, plan.role.value,
+                                 from_file=args.config is not None)
+            check_state(plan, resume)
+        if plan.cfg.model.init_from and args.resume is None:  # a resume's w0 is its checkpoint's
+            plan = with_initial_weights(plan)
+        if plan.cfg.run.checkpoint_interval > 0:  # periodic checkpoints: refused as --resume is
             from pserver.ckpt.resume import refuse_periodic
 
-            refuse_periodic(cfg)
+            refuse_periodic(plan.cfg)
+        prepared = plan, backend
     except BaseException as e:  # every failure must reach the agreement, or the others hang
         error = e
     here = local[1]  # the ranks of this node: a crowded node's waits sleep longer, spin less
@@ -207,32 +215,32 @@ def rank_main(argv: list[str] | None, world) -> int:  # noqa: ANN001 - MPI.Comm
             message = failure_message(error, rank, size)
             print(f"pserver-run: error: {message}{suffix}", file=sys.stderr, flush=True)
         return code
-    assert ctx is not None
+    assert prepared is not None
+    plan, backend = prepared
     from pserver.ckpt.resume import unsupported
     from pserver.runtime.signals import STOP
 
-    if unsupported(ctx.cfg) is None:  # else SIGTERM keeps its default action: the rank ends
+    if unsupported(plan.cfg) is None:  # else SIGTERM keeps its default action: the rank ends
         STOP.install()
+    hosts, pids = tuple(p.host for p in roster.procs), tuple(p.pid for p in roster.procs)
     try:
-        code = run(ctx, world)
+        code = run(plan, Start(backend, peers, learners, hosts, pids, resume), world)
     except BaseException as e:
-        die(abort_message(e, ctx), world)
+        die(abort_message(e, plan, peers), world)
         return 1  # not reached: Abort ends every rank
-    if ctx.learner_comm is not None:  # every learner gets here once its run has ended
-        ctx.learner_comm.Free()
-    if code == STOPPED and ctx.role is Role.STATS:  # the rank that committed the checkpoint
-        print(stopped_line(ctx.cfg.run.out_dir, size), file=sys.stderr, flush=True)
+    if code == STOPPED and plan.role is Role.STATS:  # the rank that committed the checkpoint
+        print(stopped_line(plan.cfg.run.out_dir, size), file=sys.stderr, flush=True)
     return code
 
 
-def abort_message(error: BaseException, ctx) -> str:  # noqa: ANN001 - Context
+def abort_message(error: BaseException, plan: Plan, peers: PeerLog) -> str:
     """What a rank says before aborting the job: one line for a failure whose message says
     all (a lost peer, a diverged run), the traceback for anything else."""
 
-    who = f"rank {ctx.rank} ({ctx.layout.describe(ctx.rank)}) on {socket.gethostname()}"
+    who = f"rank {plan.rank} ({plan.layout.describe(plan.rank)}) on {socket.gethostname()}"
     mpi_error = mpi_cause(error)  # also behind a comm thread's "the thread failed" error
     if mpi_error is not None:  # outside a wait: which peer is unknown, ask the roster
-        error = ctx.peers.lost(None, mpi_error)
+        error = peers.lost(None, mpi_error)
     if isinstance(error, PeerLost) and not error.named:  # maybe our own fault: say where
         return f"pserver-run: {who}: {error}; aborting the job:\n{traceback.format_exc()}"
     if isinstance(error, RunError):
@@ -252,7 +260,7 @@ def mpi_cause(error: BaseException | None) -> BaseException | None:
     return None
 
 
-def die(message: str, world) -> None:  # noqa: ANN001 - MPI.Comm
+def die(message: str, world: MPI.Comm) -> None:
     """Print ``message``, make sure the launcher has read it, and abort every rank."""
     print(message, file=sys.stderr, flush=True)
     sys.stdout.flush()
@@ -261,64 +269,94 @@ def die(message: str, world) -> None:  # noqa: ANN001 - MPI.Comm
     world.Abort(1)
 
 
-def run(ctx, world) -> int:  # noqa: ANN001 - Context and MPI.Comm, imported lazily
-    """Build the role's driver, run it to the end of training, checkpoint; the exit status
-    (``pserver.ckpt.drivers.end``: 0 done, 75 stopped by a signal, 74 checkpoint not written;
-    ``pserver.ckpt.drivers.periodic`` for ``run.checkpoint_interval``)."""
+@dataclass(frozen=True)
+class Start:
+    """What ``rank_main`` hands :func:`run` beside the plan: the runtime's parts built before
+    the agreement (the backend the model was built on, the waits' PeerLog, the learners'
+    communicator, every rank's host and PID, the checkpoint this rank resumes from)."""
+
+    backend: Backend
+    peers: PeerLog
+    learner_comm: MPI.Comm | None
+    hosts: tuple[str, ...]
+    pids: tuple[int, ...]
+    resume: Resume | None
+
+
+def run(plan: Plan, start: Start, world: MPI.Comm) -> int:
+    """Complete the runtime (channels, shared windows, the common clock), then build the
+    role's driver from the plan and the runtime, run it to the end of training, checkpoint;
+    the exit status (``pserver.ckpt.drivers.end``: 0 done, 75 stopped by a signal, 74
+    checkpoint not written; ``pserver.ckpt.drivers.periodic`` for ``run.checkpoint_interval``)."""
     from pserver.ckpt.drivers.periodic import run_parts
     from pserver.comm.channels import Channels
     from pserver.comm.departures import departures_of
     from pserver.optim.blas import limit_blas_threads
+    from pserver.runtime.context import Context, LearnerComm, Runtime, make_waiter
 
-    ctx.log = setup_logging(ctx.rank, ctx.layout.describe(ctx.rank), ctx.cfg.run.log_level)
-    if ctx.rank == 0:
-        log_provenance(ctx)
-        if ctx.resume is not None:
-            ctx.log.info("%s", resumed_line(ctx.resume, ctx.cfg))
-        if ctx.w0 is not None:
-            ctx.log.info("initial weights: the final model of %s (model.init_from)",
-                         ctx.cfg.model.init_from)  # fmt: skip
-    if ctx.role is Role.STATS:  # the rank that read the data and chose its scaling
+    cfg, resume, peers = plan.cfg, start.resume, start.peers
+    log = setup_logging(plan.rank, plan.layout.describe(plan.rank), cfg.run.log_level)
+    if plan.rank == 0:
+        log_provenance(plan, log, start.hosts, start.pids)
+        if resume is not None:
+            log.info("%s", resumed_line(resume, cfg))
+        if plan.w0 is not None:
+            log.info("initial weights: the final model of %s (model.init_from)",
+                     cfg.model.init_from)  # fmt: skip
+    if plan.role is Role.STATS:  # the rank that read the data and chose its scaling
         from learners.describe import startup_line
 
-        ctx.log.info("%s", startup_line(ctx.dataset, ctx.cfg.model, ctx.model))
-    ctx.channels = Channels.create(world)
-    ctx.peers.departures = departures_of(ctx, world)  # issue 22: None unless Open MPI's ULFM
+        log.info("%s", startup_line(plan.dataset, cfg.model, plan.model))
+    channels = Channels.create(world)
+    # issue 22: None unless Open MPI's ULFM
+    peers.departures = departures_of(world, channels, plan.layout.learners, cfg)
     # a thread that waits for the GIL gets it after at most this long: Python's default 5 ms
     # starves a comm thread beside pure-Python compute (docs/architecture.md, "The
     # communication thread and the GIL", has the figures)
-    sys.setswitchinterval(ctx.cfg.comm.switch_interval)
-    limit_blas_threads(ctx.cfg.run.blas_threads, ctx.log)
+    sys.setswitchinterval(cfg.comm.switch_interval)
+    limit_blas_threads(cfg.run.blas_threads, log)
     # same seed (or the same warm-start file, model.init_from) on every rank: the same w0
-    weights = ctx.model.init_params(ctx.cfg.run.seed) if ctx.w0 is None else ctx.w0
-    if ctx.role is Role.SERVER:  # imports of the first update happen before the clock starts
+    weights = plan.model.init_params(cfg.run.seed) if plan.w0 is None else plan.w0
+    if plan.role is Role.SERVER:  # imports of the first update happen before the clock starts
         from pserver.optim.rules import preload
 
-        preload(ctx.cfg.optim.rule, ctx.xp, weights.dtype)
-    if ctx.cfg.comm.transport == "shm":
+        preload(cfg.optim.rule, start.backend.xp, weights.dtype)
+    shm = None
+    if cfg.comm.transport == "shm":
         from pserver.comm.shm import SharedWindows
 
-        ctx.shm = SharedWindows(
-            world, ctx.layout, ctx.blocks, weights.dtype, ctx.nodes, ctx.cfg.comm.versions
-        )
+        shm = SharedWindows(
+            world, plan.layout, list(plan.blocks), weights.dtype, list(plan.nodes),
+            cfg.comm.versions,
+        )  # fmt: skip
     # the server may still be loading its update's imports: a blocking Barrier spins MPICH's
     # progress engine on every other rank meanwhile (~1 s of CPU each per launch)
     PHASES.mark("setup")  # channels, BLAS limit, initial weights, the server's imports
-    ctx.waiter().wait(world.Ibarrier(), "every rank to be ready to train (the start barrier)")
+    wait = make_waiter(plan, log, peers)
+    wait.wait(world.Ibarrier(), "every rank to be ready to train (the start barrier)")
     PHASES.mark("start barrier")
     # a resumed run's clock goes on from the checkpointed run's (the dump's times continue)
-    ctx.t0 = time.time() - (ctx.resume.elapsed if ctx.resume is not None else 0.0)
-    # one part, or one per periodic checkpoint (each driver built from the last one's state)
-    code = run_parts(ctx, world, lambda: DRIVERS[ctx.role](ctx, weights))
+    t0 = time.time() - (resume.elapsed if resume is not None else 0.0)
+    learners = LearnerComm(start.learner_comm)  # ADPSGD's repair may replace it (ULFM)
+    runtime = Runtime(
+        log, start.backend, channels, peers, t0, shm, learners, start.hosts, start.pids, resume
+    )  # fmt: skip
+    # one part, or one per periodic checkpoint (each driver built from the last one's state,
+    # its context the same plan and runtime with that state as the resume)
+    code = run_parts(Context(plan, runtime), world, lambda ctx: DRIVERS[ctx.role](ctx, weights))
     PHASES.mark("training")  # the driver's run, its final dump and checkpoint included
-    if ctx.shm is not None:
-        ctx.shm.free()
-    ctx.channels.free()
+    if shm is not None:
+        shm.free()
+    channels.free()
+    if learners.comm is not None:  # every learner gets here once its run has ended
+        learners.comm.Free()
     PHASES.mark("finish")
     return code
 
 
-def log_provenance(ctx) -> None:  # noqa: ANN001 - Context
+def log_provenance(
+    plan: Plan, log: logging.Logger, hosts: tuple[str, ...], pids: tuple[int, ...]
+) -> None:
     """With which code, the layout in one line (``pserver.plan.layout_line``), and every rank's
     role in one line per host (pserver.runtime.provenance)."""
     from pserver.plan.layout_line import layout_line
@@ -326,30 +364,30 @@ def log_provenance(ctx) -> None:  # noqa: ANN001 - Context
 
     v = library_versions()
     commit = git_commit() or "not a git checkout"
-    ctx.log.info(
+    log.info(
         "pserver %s (%s), Python %s, numpy %s, mpi4py %s, h5py %s, %s; run directory %s",
         v["pserver"], commit, v["python"], v["numpy"], v["mpi4py"], v["h5py"], v["mpi"],
-        ctx.cfg.run.out_dir,
+        plan.cfg.run.out_dir,
     )  # fmt: skip
-    c = ctx.cfg.cluster
-    ctx.log.info("%s", layout_line(ctx.layout, ctx.cfg.protocol.name, c.tree_fanout,
-                                   c.bcast_fanout))  # fmt: skip
+    c = plan.cfg.cluster
+    log.info("%s", layout_line(plan.layout, plan.cfg.protocol.name, c.tree_fanout,
+                               c.bcast_fanout))  # fmt: skip
     # every rank's role and PID at INFO: when a rank is killed, MPICH's launcher ends the job
     # naming only the PID of the process that died, which these lines map to a rank
-    for line in host_lines(rank_table(ctx.layout, ctx.nodes, ctx.hosts, ctx.pids)):
-        ctx.log.info("%s", line)
+    for line in host_lines(rank_table(plan.layout, list(plan.nodes), list(hosts), list(pids))):
+        log.info("%s", line)
 
 
 # -- the role drivers: each imports its own module only when its rank plays that role --------
 
 
-def server(ctx, weights):  # noqa: ANN001, ANN201 - Context, array -> ServerShard
+def server(ctx: Context, weights: np.ndarray) -> ServerShard:
     from pserver.roles.server import ServerShard
 
     return ServerShard(ctx, weights)
 
 
-def learner(ctx, weights):  # noqa: ANN001, ANN201 - Context, array -> Trainer
+def learner(ctx: Context, weights: np.ndarray) -> Trainer:
     """A trainer with the exchange the strategy names for ``comm.mode``."""
     from pserver.roles.prefetch import Prefetcher
     from pserver.roles.trainer import Trainer
@@ -361,19 +399,19 @@ def learner(ctx, weights):  # noqa: ANN001, ANN201 - Context, array -> Trainer
     return Trainer(ctx, EXCHANGES[exchange]()(ctx, weights), Prefetcher(ctx))
 
 
-def aggregator(ctx, weights):  # noqa: ANN001, ANN201 - Context, array -> Aggregator
+def aggregator(ctx: Context, weights: np.ndarray) -> Aggregator:
     from pserver.roles.aggregator import Aggregator
 
     return Aggregator(ctx, weights)
 
 
-def data_server(ctx, weights):  # noqa: ANN001, ANN201 - Context, unused -> DataServer
+def data_server(ctx: Context, weights: np.ndarray) -> DataServer:  # weights: unused
     from pserver.roles.dataserver import DataServer
 
     return DataServer(ctx)
 
 
-def stats_server(ctx, weights):  # noqa: ANN001, ANN201 - Context, unused -> StatsServer
+def stats_server(ctx: Context, weights: np.ndarray) -> StatsServer:  # weights: unused
     from pserver.roles.statserver import StatsServer
 
     return StatsServer(ctx)

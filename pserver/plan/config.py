@@ -7,6 +7,7 @@ rank starts training (each rank validates the same inputs, so all of them fail t
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import sys
@@ -31,8 +32,22 @@ if typing.TYPE_CHECKING:
     from pserver.plan.inject import InjectPlan
 
 
+class Sealable:
+    """A config part that refuses assignment once sealed (:func:`sealed`): the run's plan
+    (``pserver.runtime.context.Plan``) holds its config resolved once, then only read, so a
+    driver cannot change what another rank's driver believes the run is."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_sealed", False):
+            raise dataclasses.FrozenInstanceError(
+                f"cannot assign to {type(self).__name__}.{name}: the plan's config is sealed "
+                "(pserver.plan.config.revised makes a changed copy)"
+            )
+        object.__setattr__(self, name, value)
+
+
 @dataclass
-class RunConfig:
+class RunConfig(Sealable):
     name: str = "run"
     out_dir: str = "runs/{name}/{id}"  # a template: pserver.runtime.rundir
     seed: int = 0
@@ -48,7 +63,7 @@ class RunConfig:
 
 
 @dataclass
-class ClusterConfig:
+class ClusterConfig(Sealable):
     servers: int = 1
     learners: int = 0  # 0: every rank left after servers, stats and data server
     tree_fanout: int = 0  # 0: flat (Rudra-base); k >= 2: aggregator tree (Rudra-adv)
@@ -59,7 +74,7 @@ class ClusterConfig:
 
 
 @dataclass
-class ProtocolConfig:
+class ProtocolConfig(Sealable):
     """Every strategy's keys side by side. Which key belongs to which strategy, its bound and
     its checks are the registry's (``pserver.strategies``; types and defaults tested equal):
     a key the chosen strategy does not use is refused (typed on the command line) or listed at
@@ -88,7 +103,7 @@ class ProtocolConfig:
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(Sealable):
     rule: str = "sgd"
     lr: float = 0.1
     momentum: float = 0.9
@@ -107,7 +122,7 @@ class OptimConfig:
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(Sealable):
     kind: str = "mlp"
     hidden: list[int] = field(default_factory=lambda: [64])
     dtype: str = "float32"
@@ -121,7 +136,7 @@ class ModelConfig:
 
 
 @dataclass
-class DataConfig:
+class DataConfig(Sealable):
     source: str = "digits"
     path: str = ""
     test_path: str = ""
@@ -139,13 +154,13 @@ class DataConfig:
 
 
 @dataclass
-class BlocksConfig:
+class BlocksConfig(Sealable):
     split: str = "size"  # size | layer
     count: int = 1  # number of blocks when split = "size"
 
 
 @dataclass
-class CommConfig:
+class CommConfig(Sealable):
     mode: str = "blocking"
     stall_timeout: float = 60.0  # seconds before a waiting rank logs what it waits for
     poll_min: float = 1e-5  # sleeps of a wait: 1/8 of the time waited, in poll_min..poll_max
@@ -161,7 +176,7 @@ class CommConfig:
 
 
 @dataclass
-class InjectConfig:
+class InjectConfig(Sealable):
     """Deterministic slow-downs for experiments (same names as
     ``pserver.plan.inject.InjectPlan``)."""
 
@@ -184,7 +199,7 @@ class InjectConfig:
 
 
 @dataclass
-class StatsConfig:
+class StatsConfig(Sealable):
     flush_interval: float = 2.0
     buffer_rows: int = 50_000  # statistics rows a rank holds for a lagging stats server
     test_every: int = 1  # epochs between model tests at the statistics server
@@ -195,7 +210,7 @@ class StatsConfig:
 
 
 @dataclass
-class SimConfig:
+class SimConfig(Sealable):
     """The cost model of ``pserver-sim`` (``pserver.sim.costs``, docs/simulation.md); a real run
     reads none of it. ``pserver-sim --calibrate RUN_DIR`` fits these from a real run's dump."""
 
@@ -219,7 +234,7 @@ class SimConfig:
 
 
 @dataclass
-class Config:
+class Config(Sealable):
     run: RunConfig = field(default_factory=RunConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
@@ -248,6 +263,28 @@ class Config:
 SECTIONS = tuple(
     f.name for f in dataclasses.fields(Config) if f.name not in ("given", "overridden", "set_aside")
 )
+
+
+def sealed(cfg: Config) -> Config:
+    """A copy of ``cfg`` whose sections refuse assignment (the plan's: ``Plan.cfg``)."""
+    return _seal(copy.deepcopy(cfg))
+
+
+def revised(cfg: Config, section: str, **changes: Any) -> Config:
+    """A sealed copy of ``cfg`` with ``changes`` in ``section``: how preparation resolves a key
+    (``model.init_from``, ``run.out_dir``) into the plan instead of writing it back."""
+    part = dataclasses.replace(getattr(cfg, section), **changes)
+    return _seal(copy.deepcopy(dataclasses.replace(cfg, **{section: part})))
+
+
+def is_sealed(cfg: Config) -> bool:
+    return all(getattr(p, "_sealed", False) for p in (cfg, *(getattr(cfg, s) for s in SECTIONS)))
+
+
+def _seal(cfg: Config) -> Config:
+    for part in (cfg, *(getattr(cfg, s) for s in SECTIONS)):
+        object.__setattr__(part, "_sealed", True)
+    return cfg
 
 
 CHOICES: dict[str, tuple[str, ...]] = {

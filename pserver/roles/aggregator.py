@@ -10,6 +10,45 @@ Children are served from versions (``pserver.protocols.versions``): a send to a 
 version it
 reads, the parent's next weights land in a buffer no send reads, and a child that does not call
 into MPI (slow, stopped) keeps only its own version: the aggregator never waits for it.
+
+At a checkpoint's cut (its record: ``pserver.ckpt.drivers.aggregator``):
+
+**No gradient lost or applied twice.** A learner stops at a step boundary (a signal, a periodic
+pause: ``pserver.roles.trainer``) with every push sent and says goodbye to its aggregator after
+the answers to its last pulls. An aggregator relays a round once every live child has pushed;
+a goodbye shrinks the live set, so the round that waited for the child that left is relayed at
+its goodbye (``Aggregator.on_bye``), and when the last child leaves every partial sum is relayed
+(an empty live set is a subset of any round). The aggregator's loop ends only then, and its
+goodbye to its parent goes on the control communicator after the pushes it relayed: the parent
+reads a sender's headers in order, so it has every relayed gradient before it reads the
+goodbye, and a shard's loop ends only after every top aggregator's goodbye. So when a shard
+saves, every gradient a learner computed on is in the shard's weights, in a round it still has
+open (closed on the last goodbye, as in a flat run: ``ServerShard.retire``), or dropped and
+counted by the protocol: none is in an aggregator. Nothing is sent again on resume, so nothing
+is applied twice.
+
+**Learners retire through the tree.** Hardsync's round waits for every learner that has not
+said goodbye (``Rounds.retire``). A flat shard hears each learner's goodbye; in a tree it hears
+only the top aggregators', at their very end. A learner stopped a step before another would
+leave the other's next round waiting at the shard for a gradient that never comes, while the
+aggregator waits for that other learner's goodbye, which waits for the round: a cycle. So when
+a learner says goodbye to its aggregator, the aggregator sends its parents ``Tag.RETIRE`` with
+the learner's index (after relaying the round the goodbye completed), every aggregator above
+relays it, and the shard retires the learner from its rounds as it does at a flat goodbye. The
+learner said goodbye only after the answers to its last pulls, i.e. after every round holding
+its gradient closed, so the retirement never closes a round without a gradient on its way.
+
+**Nothing waits forever.** An aggregator keeps a long poll out at its parent for each block; at
+a cut the parent is not done and would hold it until an update that may never come. The
+aggregator therefore says goodbye *first* and then collects exactly one answer per long poll:
+either the parent answered before it read the goodbye (weights, received and dropped: the
+parent's state holds them), or it answers at the goodbye with ``Reply.STOP`` to every pull the
+departed child left held (``PullAnswers.release_departed`` at a shard,
+:meth:`Aggregator.child_left` at an aggregator). Every child of an aggregator leaves (a learner
+reaches its step boundary: it waits only for answers that a closing round gives, see above; an
+aggregator by induction from the leaves), so every loop ends, every rank reaches the
+checkpoint's agreement (``pserver.ckpt.drivers.end``). Every wait goes through the ``Waiter``
+(back-off, stall report).
 """
 
 from __future__ import annotations
@@ -20,7 +59,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from pserver.ckpt.drivers import aggregator as cut
+from pserver.ckpt.drivers.aggregator import NOT_CACHED, AggregatorRecord
 from pserver.ckpt.files import State
 from pserver.comm.inbox import Inbox
 from pserver.comm.payload import Payloads
@@ -36,9 +75,11 @@ from pserver.comm.wire import (
     reply_aux,
     reply_kind,
     reply_tag,
+    retire_aux,
+    retired_learner,
     sum_aux,
 )
-from pserver.plan.topology import Block
+from pserver.plan.topology import Block, Role
 from pserver.protocols.pull import pull_answer
 from pserver.protocols.tree import add_gradient
 from pserver.protocols.versions import VersionPool, release_completed
@@ -96,9 +137,9 @@ class Aggregator:
         self.clockbuf = np.empty(0, dtype=np.int64)
         self.bytes_in = self.bytes_out = 0
         self.handlers = {Tag.PUSH: self.on_push, Tag.PULL: self.on_pull, Tag.BYE: self.on_bye,
-                         Tag.RETIRE: lambda h: cut.on_retire(self, h)}
+                         Tag.RETIRE: self.on_retire}
         if ctx.resume is not None:  # checkpoints: pserver.ckpt.drivers.aggregator
-            cut.restore(self, ctx.resume.state)
+            self.restore(ctx.resume.state)
 
     def make_relay(self, b: Block, parent: int, weights: Any) -> Relay:
         """Versions: ``comm.versions`` (0: one per child + the served one), plus the buffer the
@@ -181,7 +222,7 @@ class Aggregator:
         r = self.relays[h.block]
         oldest = pull_oldest(h.aux)
         answer = pull_answer(stopped=r.stopped, ts=r.ts, holds=h.timestamp, accepts=oldest)
-        if answer is None or (r.ts == cut.NOT_CACHED and answer is not Reply.STOP):
+        if answer is None or (r.ts == NOT_CACHED and answer is not Reply.STOP):
             r.waiting.append(h)
         elif answer is not Reply.WEIGHTS:
             self.reply(h.sender, r, answer)
@@ -262,7 +303,7 @@ class Aggregator:
         for r in self.relays.values():
             if not r.stopped:
                 self.maybe_forward(r)
-        cut.child_left(self, h.sender)  # its held pulls answered, a learner retired upwards
+        self.child_left(h.sender)  # its held pulls answered, a learner retired upwards
 
     # -- end ---------------------------------------------------------------------------------
 
@@ -275,7 +316,7 @@ class Aggregator:
             self.drain([q for q, _ in r.serving], "weight sends to children")
             r.serving.clear()
             self.drain(r.forwarding, "the last sum to reach the parent")
-        cut.leave(self)  # goodbye first: a parent not done answers our long polls at it
+        self.leave()  # goodbye first: a parent not done answers our long polls at it
         self.records.add(
             "aggregators", aggregator=self.ctx.layout.index(self.ctx.rank), rank=self.ctx.rank,
             bytes_in=self.bytes_in, bytes_out=self.bytes_out, wait_time=self.waiter.waited,
@@ -285,5 +326,69 @@ class Aggregator:
         bye = Header(Tag.BYE, -1, -1, self.ctx.rank).pack(self.out[0])
         self.records.bye(bye, Tag.BYE, self.waiter)
 
+    # -- a checkpoint's cut (the module docstring) ------------------------------------------
+
+    def parents(self) -> list[int]:
+        return sorted({r.parent for r in self.relays.values()})
+
+    def send_retire(self, learner: int) -> None:
+        """Tell every parent that ``learner`` computes no more (hardsync's rounds stop
+        waiting)."""
+        hdr = Header(Tag.RETIRE, -1, -1, self.ctx.rank, retire_aux(learner)).pack(self.out[0])
+        for parent in self.parents():
+            self.ch.ctrl.Send(hdr, parent, Tag.RETIRE)
+
+    def on_retire(self, h: Header) -> None:
+        """A child aggregator's learner retired: relay it upwards."""
+        self.send_retire(retired_learner(h.aux))
+
+    def child_left(self, child: int) -> None:
+        """After a child's goodbye (its last round relayed): STOP to the pulls it left held (a
+        child aggregator's long polls), and its retirement upwards if it is a learner."""
+        for r in self.relays.values():
+            for held in (r.waiting, r.starved):
+                mine = [p for p in held if p.sender == child]
+                if mine:
+                    held[:] = [p for p in held if p.sender != child]
+                    for _ in mine:
+                        self.reply(child, r, Reply.STOP)
+        lay = self.ctx.layout
+        if lay.role(child) is Role.LEARNER:
+            self.send_retire(lay.index(child))
+
+    def leave(self) -> None:
+        """Say goodbye to every parent, then collect the one answer each long poll still gets
+        (weights sent before the parent read the goodbye, or its STOP): never ask again."""
+        bye = Header(Tag.BYE, -1, -1, self.ctx.rank).pack(self.out[0])
+        for parent in self.parents():
+            self.ch.ctrl.Send(bye, parent, Tag.BYE)
+        for r in self.relays.values():
+            if r.asked is not None:
+                self.waiter.wait(r.asked, f"the parent's last reply for block {r.block.index}")
+                r.asked = None
+                h = Header.unpack(self.replies[r.block.index])
+                self.ctx.peers.note(h.sender, h)
+                kind = reply_kind(h.aux)
+                if kind == Reply.WEIGHTS:  # the parent's state holds them: received, not served
+                    self.waiter.wait(r.posted, f"weights of block {r.block.index} from the parent")
+                    r.posted = None
+                    self.bytes_in += r.w.nbytes
+                elif kind != Reply.STOP:
+                    raise WireError(f"unexpected reply {h} to a long poll")
+                r.stopped = True
+            if r.posted is not None:
+                r.posted.Cancel()
+                r.posted.Wait()
+                r.posted = None
+
     def state(self) -> State:
-        return cut.state(self)
+        """Its byte counts and children (the cut leaves it nothing else to keep)."""
+        children = tuple(sorted(self.children))
+        return AggregatorRecord(children, self.bytes_in, self.bytes_out).to_state()
+
+    def restore(self, saved: State) -> None:
+        """Resume with nothing cached: children wait for the parent's (checkpointed) model."""
+        record = AggregatorRecord.from_state(saved)
+        self.bytes_in, self.bytes_out = record.bytes_in, record.bytes_out
+        for r in self.relays.values():
+            r.ts = NOT_CACHED

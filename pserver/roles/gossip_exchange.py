@@ -63,7 +63,7 @@ class GossipExchange(Exchange):
 
     def repaired(self, comm: Any) -> None:
         """The learners' communicator is now the survivors' (freed at the end, job.cli)."""
-        self.ctx.learner_comm = comm
+        self.ctx.runtime.learners.replace(comm)
 
     def attach(self, records: Any) -> None:
         """Where the ``exchanges`` rows go (the trainer's record buffer)."""

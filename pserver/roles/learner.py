@@ -26,7 +26,7 @@ from typing import Any
 from pserver.ckpt.files import State
 from pserver.ckpt.records.partial_pull import keeps_copies, learner_state, restore_learner
 from pserver.comm.wire import Reply, WireError, split_reply
-from pserver.plan.config import pull_timestamp
+from pserver.plan.config import Config, pull_timestamp
 from pserver.plan.topology import Block
 from pserver.protocols.partial_pull import ITERATION, REFRESH, USE, PartialPull, PullRule
 from pserver.roles.exchange import Exchange
@@ -35,9 +35,9 @@ from pserver.runtime.context import Context
 from pserver.strategies import lookup
 
 
-def waits_for_update(ctx: Context) -> bool:
+def waits_for_update(cfg: Config) -> bool:
     """Whether the protocol makes learners wait for a newer model before every minibatch."""
-    return lookup(ctx.cfg.protocol.name).waits_for_update
+    return lookup(cfg.protocol.name).waits_for_update
 
 
 class PSExchange(Exchange):
@@ -56,7 +56,7 @@ class PSExchange(Exchange):
         self.shm_setup(ctx)
         p = self.cfg.protocol
         self.partial = PartialPull(len(self.blocks), p.pull_fraction, p.tau2)
-        self.rule = PullRule(pull_timestamp(self.cfg), waits_for_update(ctx))
+        self.rule = PullRule(pull_timestamp(self.cfg), waits_for_update(self.cfg))
         self.steps = 0
         # ``interrupt`` (Exchange, set by the trainer): a stop asked while waiting in a pull;
         # under the iteration rule the learner leaves the pull, and says goodbye before

@@ -26,7 +26,7 @@ from pserver.runtime.context import Context
 class LockstepModel:
     def __init__(self, ctx: Context, weights: Any) -> None:
         comm = ctx.learner_comm
-        self.ctx, self.w, self.comm = ctx, weights, comm
+        self.ctx, self.w, self.comm, self.backend = ctx, weights, comm, ctx.backend
         self.n_learners = comm.Get_size()
         self.index = ctx.layout.index(ctx.rank)
         self.waiter = ctx.waiter()

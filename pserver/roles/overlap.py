@@ -30,9 +30,8 @@ from typing import Any
 
 from mpi4py import MPI
 
-from pserver.ckpt.drivers.overlap import resend
 from pserver.ckpt.files import State
-from pserver.ckpt.records.pipeline import pipeline_state, restore_pipeline
+from pserver.ckpt.records.pipeline import Replay, pipeline_state, restore_pipeline
 from pserver.comm.engine import CommEngine
 from pserver.comm.wire import Reply, WireError, reply_kind
 from pserver.plan.topology import Block
@@ -55,7 +54,7 @@ class OverlapExchange(Exchange):
         self.blocks, self.by_index = link.blocks, link.by_index
         self.have, self.stopped, self.asked = link.have, link.stopped, link.asked  # shared
         self.waiter = ctx.waiter()
-        self.waits_for_update = waits_for_update(ctx)
+        self.waits_for_update = waits_for_update(ctx.cfg)
         self.grads = [self.xp.empty_like(link.w), self.xp.empty_like(link.w)]
         self.arrived: dict[int, int] = {}  # block -> timestamp now complete in w_comm
         self.current: set[int] = set()  # blocks answered "yours is current" (no payload)
@@ -76,7 +75,7 @@ class OverlapExchange(Exchange):
         # the last two pushes (number, {block: timestamp}): their gradients are still in
         # ``grads``, a checkpoint saves those the shards dropped at their stop (overlap_ckpt)
         self.recent: deque[tuple[int, dict[int, int]]] = deque(maxlen=2)
-        self.replay: Any = None  # resumed with a pipeline: what begin() sends again
+        self.replay: Replay | None = None  # resumed with a pipeline: what begin() sends again
         self.left = False  # our broadcast-tree parent stopped at a cut (pserver.roles.bcast)
 
     @property
@@ -199,10 +198,46 @@ class OverlapExchange(Exchange):
         self.started = True
         self.engine.start()
         if self.replay is not None:  # resumed with a pipeline: what the cut left undone
-            resend(self)
+            self.resend()
         if self.window is None or self.must_pull:
             with self.lock:
                 self.ask_all()
+
+    def resend(self) -> None:
+        """Before the first minibatch of a resumed run (async, n-softsync): send the requests
+        the shards answered STOP at the cut and the pushes they dropped, in their original
+        order (the pipeline's record, :mod:`pserver.ckpt.records.pipeline`, saved them).
+
+        A request goes just before the first dropped push it preceded (its ``covered`` count),
+        the others after the last; a dropped push goes with the timestamps it was first sent
+        with, from the gradient buffer it was computed in. Each push is delivered before the
+        next one reuses a buffer (:meth:`gradient` keeps the same rule). Liveness: the only
+        wait is for a push's delivery, which its shard receives as any other (it reads every
+        header until every learner said goodbye, and this learner has not); the requests sent
+        are answered as the uninterrupted run's were (``pserver.protocols.inflight``, point 3).
+        """
+        assert self.replay is not None
+        stopped, drops = self.replay
+        self.replay = ([], [])
+        w = self.window
+        pending = sorted(b for b in stopped if b in self.by_index)
+        for p, ts, g in drops:
+            with self.lock:
+                for b in [b for b in pending if w is None or w.covered[b] <= p]:
+                    self.ask(self.by_index[b])
+                    pending.remove(b)
+                buf = self.grads[p % 2]
+                self.ctx.backend.copy_from_host(g, buf)
+                held = dict(self.have)
+                for b, t in sorted(ts.items()):
+                    self.have[b] = t  # the timestamp it was computed from (staleness, S̄)
+                    self.link.push(self.by_index[b], buf)
+                self.have.update(held)
+                self.recent.append((p, dict(ts)))  # dropped again if the shards are still done
+            self.wait(lambda: not self.link.pushing, "the dropped pushes sent again")
+        with self.lock:
+            for b in pending:
+                self.ask(self.by_index[b])
 
     def weights(self) -> Any | None:
         if not self.started:

@@ -45,7 +45,7 @@ at the signal's own delivery.)
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from mpi4py import MPI
@@ -53,6 +53,9 @@ from mpi4py import MPI
 from pserver.comm.collectives import CollectiveLost, FailFastWaiter
 from pserver.comm.waiting import Waiter
 from pserver.runtime.signals import STOP
+
+if TYPE_CHECKING:
+    from pserver.runtime.context import Context
 
 #: a learner's vote (the reduction keeps the largest)
 GO, PAUSE, SIGNAL = 0, 1, 2
@@ -155,7 +158,7 @@ class StopVote:
             self.comm.Free()
 
 
-def stop_vote(ctx: Any, waiter: Waiter) -> StopVote | None:
+def stop_vote(ctx: Context, waiter: Waiter) -> StopVote | None:
     """A vote among ``ctx``'s learners when this run can be checkpointed (the same answer on
     every learner: a function of the config), else None (a signal then ends the rank)."""
     from pserver.ckpt.resume import unsupported

@@ -17,12 +17,16 @@ import math
 import os
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pserver.comm.wire import Header, Tag, header_buffer
 from pserver.errors import diverged, nonfinite_gradient
 from pserver.plan.config import inject_plan
 from pserver.roles.exchange import Exchange
+
+if TYPE_CHECKING:
+    from pserver.roles.prefetch import Prefetcher
+    from pserver.runtime.context import Context
 
 
 def kill_self(log: Any, step: int) -> None:
@@ -36,7 +40,7 @@ def kill_self(log: Any, step: int) -> None:
 
 
 class Trainer:
-    def __init__(self, ctx: Any, exchange: Exchange, prefetch: Any) -> None:
+    def __init__(self, ctx: Context, exchange: Exchange, prefetch: Prefetcher) -> None:
         self.ctx, self.cfg, self.xp = ctx, ctx.cfg, ctx.xp
         self.ex, self.prefetch = exchange, prefetch
         self.index = ctx.layout.index(ctx.rank)

@@ -11,16 +11,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from pserver.comm.channels import Channels
 from pserver.comm.liveness import Roster, this_process
 from pserver.comm.records import RecordBuffer
 from pserver.comm.waiting import PeerLog, Waiter, crowded_poll_max, crowded_spin
 from pserver.errors import ConfigError
-from pserver.plan.config import Config, check_fail_learner, inject_plan
+from pserver.plan.config import Config, check_fail_learner, inject_plan, revised
 from pserver.plan.limits import NodeBudget, RunSizes, available_memory, check_blas_threads
 from pserver.plan.topology import Block, Layout, Role, make_layout, split_blocks
 from pserver.runtime.outdir import check_out_dir
@@ -28,42 +29,42 @@ from pserver.runtime.rundir import expand, run_id
 from pserver.strategies import lookup
 from pserver.strategies.parameter_server import check_pull_blocks
 
+if TYPE_CHECKING:
+    import numpy as np
+    from mpi4py import MPI
+
+    from learners.contract import Model
+    from learners.data import Dataset
+    from pserver.ckpt.resume import Resume
+    from pserver.comm.backend import Backend
+    from pserver.comm.shm import SharedWindows
+
 DUMP_NAME = "stats.h5"
 DATA_ROLES = (Role.DATA, Role.STATS)  # the ranks that load the dataset; the others see its shape
 DATA_PARTS = {Role.DATA: "train", Role.STATS: "test"}  # what each keeps (learners.data)
 
 
-@dataclass
-class Context:
+@dataclass(frozen=True)
+class Plan:
+    """What preparation decided, from the config and the rank count alone: the same on every
+    rank but for ``rank`` and what this rank loaded. Immutable, config included (``cfg`` is
+    sealed: ``run.out_dir`` expanded and ``model.init_from`` resolved into it, never written
+    back; :func:`pserver.plan.config.revised` makes a changed copy)."""
+
     cfg: Config
     layout: Layout
     rank: int
-    dataset: Any  # learners.data.Dataset
-    model: Any  # learners.models.Model
-    blocks: list[Block]
-    log: logging.Logger
-    backend: Any = None  # pserver.comm.backend.Backend
-    channels: Channels | None = None
-    shm: Any = None  # pserver.comm.shm.SharedWindows when comm.transport = "shm"
-    nodes: list[int] = field(default_factory=list)  # the node of every rank (its lowest rank)
-    peers: PeerLog = field(default_factory=PeerLog)
-    learner_comm: Any = None  # MPI.Comm of the learners on a learner (learner_ranks), else None
-    t0: float = field(default_factory=time.time)
-    # the run directory's ``latest`` link (pserver.runtime.rundir), if any
-    latest: Path | None = None
-    hosts: list[str] = field(default_factory=list)  # the host of every rank (provenance)
-    # every rank's process id: the launcher names a dead rank by its PID only (provenance)
-    pids: list[int] = field(default_factory=list)
-    resume: Any = None  # pserver.ckpt.resume.Resume: the checkpoint this rank continues from
-    w0: Any = None  # model.init_from: the initial weights read from another run (warm start)
+    dataset: Dataset
+    model: Model  # built on this rank's backend (Runtime.backend)
+    blocks: tuple[Block, ...]
+    nodes: tuple[int, ...]  # the node of every rank (its lowest rank)
+    latest: Path | None = None  # the run directory's ``latest`` link (pserver.runtime.rundir)
+    # model.init_from: the initial weights read from another run (warm start), else None
+    w0: np.ndarray | None = None
 
     @property
     def role(self) -> Role:
         return self.layout.role(self.rank)
-
-    @property
-    def xp(self) -> Any:
-        return self.backend.xp
 
     @property
     def dump_path(self) -> Path:
@@ -73,29 +74,176 @@ class Context:
     def train_size(self) -> int:
         return self.dataset.n_train
 
+    def blocks_of(self, shard: int) -> list[Block]:
+        return [b for b in self.blocks if b.shard == shard]
+
+
+@dataclass
+class LearnerComm:
+    """The learners' communicator on a learner (None elsewhere): the one part of the runtime
+    that may change during a run, when ADPSGD's ring is repaired after a lost learner
+    (``pserver.roles.gossip``, Open MPI's ULFM) and the survivors' communicator replaces it.
+    ``pserver.job.cli.run`` frees whichever it holds at the end."""
+
+    comm: MPI.Comm | None = None
+
+    def replace(self, comm: MPI.Comm) -> None:
+        """The survivors' communicator after a repair (the old one was revoked)."""
+        self.comm = comm
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What this rank holds to train, built before any driver (``pserver.job.cli.run``):
+    communicators, channels, shared windows, the logger, the common clock, the resume state.
+    Immutable: a periodic checkpoint's next part gets a new one (:meth:`Context.resumed`)."""
+
+    log: logging.Logger
+    backend: Backend
+    channels: Channels
+    peers: PeerLog
+    t0: float  # the common start (every rank passed a barrier just before), continued on resume
+    shm: SharedWindows | None = None  # comm.transport = "shm"
+    learners: LearnerComm = field(default_factory=LearnerComm)  # the learners' communicator
+    hosts: tuple[str, ...] = ()  # the host of every rank (provenance)
+    # every rank's process id: the launcher names a dead rank by its PID only (provenance)
+    pids: tuple[int, ...] = ()
+    resume: Resume | None = None  # the checkpoint this rank continues from
+
+
+@dataclass(frozen=True)
+class Context:
+    """A driver's whole world: the plan and the runtime, both complete before it is built and
+    never assigned afterwards (``tests/test_context_frozen.py``). The properties read through
+    to them, so a driver writes ``ctx.cfg`` and ``ctx.channels`` alike."""
+
+    plan: Plan
+    runtime: Runtime
+
+    def resumed(self, resume: Resume) -> Context:
+        """This context with another resume state (a periodic checkpoint's next part)."""
+        return replace(self, runtime=replace(self.runtime, resume=resume))
+
+    # -- the plan's --
+    @property
+    def cfg(self) -> Config:
+        return self.plan.cfg
+
+    @property
+    def layout(self) -> Layout:
+        return self.plan.layout
+
+    @property
+    def rank(self) -> int:
+        return self.plan.rank
+
+    @property
+    def dataset(self) -> Dataset:
+        return self.plan.dataset
+
+    @property
+    def model(self) -> Model:
+        return self.plan.model
+
+    @property
+    def blocks(self) -> tuple[Block, ...]:
+        return self.plan.blocks
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        return self.plan.nodes
+
+    @property
+    def latest(self) -> Path | None:
+        return self.plan.latest
+
+    @property
+    def w0(self) -> np.ndarray | None:
+        return self.plan.w0
+
+    @property
+    def role(self) -> Role:
+        return self.plan.role
+
+    @property
+    def dump_path(self) -> Path:
+        return self.plan.dump_path
+
+    @property
+    def train_size(self) -> int:
+        return self.plan.train_size
+
+    def blocks_of(self, shard: int) -> list[Block]:
+        return self.plan.blocks_of(shard)
+
+    # -- the runtime's --
+    @property
+    def log(self) -> logging.Logger:
+        return self.runtime.log
+
+    @property
+    def backend(self) -> Backend:
+        return self.runtime.backend
+
+    @property
+    def xp(self) -> ModuleType:
+        return self.runtime.backend.xp
+
+    @property
+    def channels(self) -> Channels:
+        return self.runtime.channels
+
+    @property
+    def peers(self) -> PeerLog:
+        return self.runtime.peers
+
+    @property
+    def shm(self) -> SharedWindows | None:
+        return self.runtime.shm
+
+    @property
+    def learner_comm(self) -> MPI.Comm | None:
+        return self.runtime.learners.comm
+
+    @property
+    def t0(self) -> float:
+        return self.runtime.t0
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return self.runtime.hosts
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return self.runtime.pids
+
+    @property
+    def resume(self) -> Resume | None:
+        return self.runtime.resume
+
     def now(self) -> float:
         """Seconds since the common start (all ranks passed a barrier just before ``t0``)."""
         return time.time() - self.t0
 
     def waiter(self) -> Waiter:
-        """A Waiter with ``[comm]``'s back-off, stretched by the ranks per core of this rank's
-        node (:func:`pserver.comm.waiting.crowded_poll_max`, :func:`~.crowded_spin`)."""
-        c = self.cfg.comm
-        here = self.nodes.count(self.nodes[self.rank]) if self.nodes else 1
-        return Waiter(
-            self.log, self.peers, c.poll_min, crowded_poll_max(c.poll_max, here),
-            c.stall_timeout, crowded_spin(here),
-        )  # fmt: skip
+        return make_waiter(self.plan, self.log, self.peers)
 
     def records(self) -> RecordBuffer:
-        assert self.channels is not None
         s = self.cfg.stats
         return RecordBuffer(
             self.channels.stats, self.layout.stats, s.flush_interval, s.buffer_rows, self.log
         )
 
-    def blocks_of(self, shard: int) -> list[Block]:
-        return [b for b in self.blocks if b.shard == shard]
+
+def make_waiter(plan: Plan, log: logging.Logger, peers: PeerLog) -> Waiter:
+    """A Waiter with ``[comm]``'s back-off, stretched by the ranks per core of this rank's
+    node (:func:`pserver.comm.waiting.crowded_poll_max`, :func:`~.crowded_spin`)."""
+    c = plan.cfg.comm
+    here = plan.nodes.count(plan.nodes[plan.rank]) if plan.nodes else 1
+    return Waiter(
+        log, peers, c.poll_min, crowded_poll_max(c.poll_max, here), c.stall_timeout,
+        crowded_spin(here),
+    )  # fmt: skip
 
 
 def prepare(
@@ -108,8 +256,10 @@ def prepare(
     peers: PeerLog | None = None,
     available: int | None | bool = True,
     rid: str | None = None,
-) -> Context:
+) -> tuple[Plan, Backend]:
     """Validate every input that could stop the run later; identical work on every rank.
+    The plan (with its config resolved: ``cfg`` itself is left as it was) and this rank's
+    backend, on which the plan's model was built.
 
     No collective call happens here: a rank that fails must not leave the others inside one.
     ``local`` is this rank's (index, count) among the ranks of its node, for the GPU choice;
@@ -132,7 +282,8 @@ def prepare(
 
     check_thread_level(cfg.comm.mode, MPI.Query_thread())
     check_exchange_thread(cfg, MPI.Query_thread())
-    cfg.run.out_dir, latest = expand(cfg.run.out_dir, cfg.run.name, rid or run_id())
+    out_dir, latest = expand(cfg.run.out_dir, cfg.run.name, rid or run_id())
+    cfg = revised(cfg, "run", out_dir=out_dir)  # the plan's, sealed; the caller's unchanged
     layout = make_layout(world_size, cfg, nodes)
     if cfg.stats.tensorboard and layout.role(rank) is Role.STATS:  # the rank that writes them
         from pserver.dump.tensorboard import require
@@ -185,10 +336,8 @@ def prepare(
         check_out_dir(cfg.run.out_dir, DUMP_NAME, cfg.run.overwrite)  # undone if refused
     peers = peers if peers is not None else PeerLog()
     peers.names = layout.describe
-    return Context(
-        cfg, layout, rank, dataset, model, blocks, log, backend, nodes=nodes, peers=peers,
-        latest=latest,
-    )
+    plan = Plan(cfg, layout, rank, dataset, model, tuple(blocks), tuple(nodes), latest)
+    return plan, backend
 
 
 def node_budget(layout: Layout, nodes: list[int], rank: int, available: int | None) -> NodeBudget:
@@ -343,3 +492,18 @@ def learner_ranks(
             return make_layout(world_size, load(), nodes).learners
     except Exception:  # noqa: BLE001 - reported by prepare, after the collective calls
         return ()
+
+
+def with_initial_weights(plan: Plan) -> Plan:
+    """The plan with ``model.init_from`` resolved (the run, not its ``latest`` link: recorded
+    so) and the initial weights read from that run (a warm start; a resume's are its
+    checkpoint's)."""
+    from dataclasses import asdict
+
+    from pserver.ckpt.warm_start import load_initial_weights, resolved
+
+    cfg = revised(plan.cfg, "model", init_from=resolved(plan.cfg.model.init_from))
+    w0 = load_initial_weights(
+        cfg.model.init_from, asdict(cfg.model), plan.model.n_params, plan.model.dtype
+    )
+    return replace(plan, cfg=cfg, w0=w0)

@@ -17,14 +17,50 @@ Pure: no MPI (the data server's own structures in, arrays out).
 
 from __future__ import annotations
 
-from typing import Any
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from pserver.ckpt.files import CheckpointError, State
 
+if TYPE_CHECKING:
+    from learners.data import BatchSampler
+    from pserver.plan.config import Config
+    from pserver.plan.topology import Layout
+    from pserver.protocols.lockstep import DataQuota, LockstepDraws
 
-def computed_on(ds: Any) -> int:
+
+class StreamPlan(Protocol):
+    """What the cut reads of the data server's plan."""
+
+    @property
+    def layout(self) -> Layout: ...
+    @property
+    def cfg(self) -> Config: ...
+
+
+class LockstepStream(Protocol):
+    """What the lockstep cut reads and writes of the data server (``DataServer`` is one):
+    the draws, the sampler, the quota, what each learner was served and computed on, and
+    ``base_steps`` (the steps a resumed run started from; read with a default of 0)."""
+
+    @property
+    def ctx(self) -> StreamPlan: ...
+    @property
+    def draws(self) -> LockstepDraws: ...
+    @property
+    def sampler(self) -> BatchSampler: ...
+    @property
+    def quota(self) -> DataQuota: ...
+    consumed: dict[int, int]  # learner rank -> minibatches it computed on (its goodbye)
+    count: dict[int, int]  # learner rank -> minibatches served
+    recent: dict[int, deque[tuple[int, np.ndarray]]]  # the last served to each
+    base_steps: int
+
+
+def computed_on(ds: LockstepStream) -> int:
     """c: the minibatches every learner computed on (the same for all at a lockstep cut)."""
     base = getattr(ds, "base_steps", 0)
     counts = {base + n for n in ds.consumed.values()}
@@ -36,7 +72,7 @@ def computed_on(ds: Any) -> int:
     return counts.pop()
 
 
-def left_over(ds: Any, c: int) -> list[np.ndarray]:
+def left_over(ds: LockstepStream, c: int) -> list[np.ndarray]:
     """The draws c·λ … D−1, in order (see the module docstring)."""
     draws, lay = ds.draws, ds.ctx.layout
     lam, base = draws.n_learners, getattr(ds, "base_steps", 0)
@@ -55,23 +91,48 @@ def left_over(ds: Any, c: int) -> list[np.ndarray]:
     return out
 
 
-def draws_state(ds: Any) -> State:
+@dataclass(frozen=True)
+class DrawsRecord:
+    """The data server's record at a lockstep cut: the sampler's state and permutation, the
+    draws no learner computed on (``replay``, one row per minibatch) and the steps c every
+    learner computed on. Read from a state ``pserver.ckpt.files`` read and
+    ``pserver.ckpt.resume.check_state`` checked (the replay's shape) before training."""
+
+    sampler: dict[str, Any]
+    perm: np.ndarray
+    replay: np.ndarray
+    steps: int
+
+    def to_state(self) -> State:
+        arrays = {"perm": self.perm, "replay": self.replay}
+        attrs = {"role": "data", "sampler": self.sampler, "lockstep_steps": self.steps}
+        return State(arrays, attrs)
+
+    @classmethod
+    def from_state(cls, state: State) -> DrawsRecord:
+        a = state.attrs
+        return cls(a["sampler"], state.arrays["perm"], state.arrays["replay"],
+                   int(a["lockstep_steps"]))  # fmt: skip
+
+
+def draws_state(ds: LockstepStream) -> State:
     """The data server's state at a lockstep cut (``ds``: a ``DataServer``)."""
     c = computed_on(ds)
     attrs, perm = ds.sampler.state()
     left = left_over(ds, c)
     batch = ds.ctx.cfg.data.batch_size
-    arrays = {"perm": perm, "replay": np.array(left, np.int64).reshape(len(left), batch)}
-    return State(arrays, {"role": "data", "sampler": attrs, "lockstep_steps": c})
+    replay = np.array(left, np.int64).reshape(len(left), batch)
+    return DrawsRecord(attrs, perm, replay, c).to_state()
 
 
-def restore_draws(ds: Any, state: State) -> None:
+def restore_draws(ds: LockstepStream, state: State) -> None:
     """Resume a lockstep stream: c minibatches served to each learner, the saved draws pending."""
-    ds.sampler.restore(state.attrs["sampler"], state.arrays["perm"])
-    c = int(state.attrs["lockstep_steps"])
+    record = DrawsRecord.from_state(state)
+    ds.sampler.restore(record.sampler, record.perm)
+    c = record.steps
     draws = ds.draws
     start = c * draws.n_learners
-    draws.pending = {start + j: np.array(row) for j, row in enumerate(state.arrays["replay"])}
+    draws.pending = {start + j: np.array(row) for j, row in enumerate(record.replay)}
     draws.drawn = start + len(draws.pending)
     ds.quota.served = dict.fromkeys(range(draws.n_learners), c)
     ds.base_steps = c

@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from pserver.ckpt.files import (
     CheckpointError,
+    State,
     commit,
     discard_generation,
     generation_dir,
@@ -48,13 +49,38 @@ from pserver.plan.topology import Role
 from pserver.runtime.signals import STOPPED
 from pserver.runtime.startup import agree_alive
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import numpy as np
+    from mpi4py import MPI
+
+    from pserver.runtime.context import Context
+
+
+class Checkpointed(Protocol):
+    """What the end of a run reads of a role's driver: its run and its state. A driver that
+    can stop early (a learner) or pause (a periodic checkpoint) also has ``stopped_early`` and
+    ``paused``, read with a default of False (the other roles only follow them)."""
+
+    def run(self) -> None: ...
+    def state(self) -> State: ...
+
+
+class Ending(NamedTuple):
+    """How a part ended: the exit status (or :data:`CONTINUE`) and the state this rank wrote
+    or tried to write (None when the driver could not give one)."""
+
+    code: int
+    state: State | None
+
 WRITE_FAILED, STOPPED_EARLY = 1, 2  # bits of a rank's report
 PAUSED = 4  # a learner paused for a periodic checkpoint (pserver.ckpt.drivers.periodic)
 NOT_WRITTEN = 74  # exit status when the checkpoint could not be written (EX_IOERR)
 CONTINUE = -1  # not an exit status: a periodic checkpoint was taken (or failed): train on
 
 
-def generation(ctx: Any) -> int:
+def generation(ctx: Context) -> int:
     """The generation this run writes: one past the one it resumed from, else one past what
     the directory holds (a run with ``run.overwrite`` over an older one), else 1."""
     if ctx.resume is not None:
@@ -66,19 +92,29 @@ def generation(ctx: Any) -> int:
     return 1 if old is None else old.generation + 1
 
 
-def end_checkpoint(ctx: Any, world: Any, driver: Any, gen: int | None = None) -> int:
+def end_checkpoint(
+    ctx: Context, world: MPI.Comm, driver: Checkpointed, gen: int | None = None
+) -> Ending:
     """Write this rank's state, agree, commit on the statistics rank; the exit status, or
-    :data:`CONTINUE` after a periodic checkpoint (a learner paused, none was signalled).
-    ``gen``: the generation to write (default :func:`generation`)."""
+    :data:`CONTINUE` after a periodic checkpoint (a learner paused, none was signalled), with
+    the state written. ``gen``: the generation to write (default :func:`generation`)."""
+    code, state = _end(ctx, world, driver, gen)
+    return Ending(code, state)
+
+
+def _end(
+    ctx: Context, world: MPI.Comm, driver: Checkpointed, gen: int | None
+) -> tuple[int, State | None]:
     stopped = bool(getattr(driver, "stopped_early", False))
     if unsupported(ctx.cfg) is not None:
-        return 0
+        return 0, None
     root = checkpoint_dir(ctx.cfg.run.out_dir)
     gen = generation(ctx) if gen is None else gen
     started = time.perf_counter()
-    report, error, size = 0, None, 0
+    report, error, size, state = 0, None, 0, None
     try:
-        size = save(driver, root, gen, ctx.rank)
+        state = driver.state()
+        size = write_state(rank_file(root, gen, ctx.rank), state.arrays, state.attrs)
     except (CheckpointError, OSError) as e:
         report, error = WRITE_FAILED, e
     if stopped:
@@ -88,7 +124,7 @@ def end_checkpoint(ctx: Any, world: Any, driver: Any, gen: int | None = None) ->
     ulfm = getattr(ctx.peers, "departures", None) is not None
     statuses, dead = agree_alive(world, report, ctx.waiter(), ulfm)
     if dead:  # lost learners (issue 22): a generation needs every rank's file
-        return lost_not_committed(ctx, gen, dead)
+        return lost_not_committed(ctx, gen, dead), state
     code = STOPPED if (statuses & STOPPED_EARLY).any() else 0
     if code == 0 and (statuses & PAUSED).any():
         code = CONTINUE
@@ -100,7 +136,7 @@ def end_checkpoint(ctx: Any, world: Any, driver: Any, gen: int | None = None) ->
     if failed and ctx.role is Role.STATS:  # every rank has written or failed (the agreement)
         discard_generation(root, gen)
     if failed and code == CONTINUE:
-        return periodic_not_written(ctx, gen, statuses)
+        return periodic_not_written(ctx, gen, statuses), state
     if failed:
         if ctx.role is Role.STATS:
             print(
@@ -110,11 +146,11 @@ def end_checkpoint(ctx: Any, world: Any, driver: Any, gen: int | None = None) ->
                 file=sys.stderr,
                 flush=True,
             )
-        return NOT_WRITTEN
+        return NOT_WRITTEN, state
     ctx.log.debug("checkpoint generation %d: %d bytes written by this rank", gen, size)
     if ctx.role is Role.STATS:
         try:
-            state = driver.last_state
+            assert state is not None  # written, or the agreement said WRITE_FAILED
             extra = {
                 "restarts": ctx.resume.restarts if ctx.resume is not None else 0,
                 "elapsed": state.attrs["elapsed"],
@@ -125,15 +161,15 @@ def end_checkpoint(ctx: Any, world: Any, driver: Any, gen: int | None = None) ->
             commit(root, gen, ctx.layout.world_size, ctx.cfg.to_dict(), extra)
         except CheckpointError as e:
             if code == CONTINUE:
-                return periodic_not_written(ctx, gen, statuses, str(e))
+                return periodic_not_written(ctx, gen, statuses, str(e)), state
             print(f"pserver-run: error: {e}; the previous checkpoint is kept",
                   file=sys.stderr, flush=True)
-            return NOT_WRITTEN
+            return NOT_WRITTEN, state
         log_cost(ctx, root, gen, time.perf_counter() - started, code)
-    return code
+    return code, state
 
 
-def lost_not_committed(ctx: Any, gen: int, dead: list[int]) -> int:
+def lost_not_committed(ctx: Context, gen: int, dead: list[int]) -> int:
     """A run that lost learners ends without a checkpoint (a generation holds every rank's
     state, and a resume the same λ): said once, and the run's own status stands (0)."""
     if ctx.role is Role.STATS:
@@ -154,7 +190,7 @@ def epochs_done(epochs: int, code: int, stats: dict) -> int:
     return max([0, *stats.get("tested", []), *stats.get("skipped", [])])
 
 
-def log_cost(ctx: Any, root: Any, gen: int, seconds: float, code: int) -> None:
+def log_cost(ctx: Context, root: Path, gen: int, seconds: float, code: int) -> None:
     """One line per committed generation: its number, size and the seconds from this rank's
     write to the commit (the slowest rank's write and the agreement included)."""
     size = sum(p.stat().st_size for p in generation_dir(root, gen).glob("rank-*.h5"))
@@ -165,7 +201,7 @@ def log_cost(ctx: Any, root: Any, gen: int, seconds: float, code: int) -> None:
     )
 
 
-def periodic_not_written(ctx: Any, gen: int, statuses: Any, why: str = "") -> int:
+def periodic_not_written(ctx: Context, gen: int, statuses: np.ndarray, why: str = "") -> int:
     """A periodic checkpoint that some rank could not write (or the statistics rank could not
     commit): one line, the previous generation stays ``LATEST``, training goes on."""
     if ctx.role is Role.STATS:
@@ -178,8 +214,3 @@ def periodic_not_written(ctx: Any, gen: int, statuses: Any, why: str = "") -> in
         )
     return CONTINUE
 
-
-def save(driver: Any, root: Any, gen: int, rank: int) -> int:
-    state = driver.state()
-    driver.last_state = state
-    return write_state(rank_file(root, gen, rank), state.arrays, state.attrs)

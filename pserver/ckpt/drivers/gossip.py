@@ -30,7 +30,7 @@ is restored.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from mpi4py import MPI
@@ -38,6 +38,29 @@ from mpi4py import MPI
 from pserver.ckpt.files import State
 from pserver.ckpt.records.gossip import OPT, W, agreed_cut
 from pserver.comm.waiting import Waiter
+
+if TYPE_CHECKING:
+    from pserver.comm.backend import Backend
+    from pserver.optim.local_update import LocalUpdate
+    from pserver.roles.gossip import Gossip
+    from pserver.roles.gossip_model import GossipModel
+
+
+class GossipOwner(Protocol):
+    """What a gossip learner's record reads and writes of its exchange (``GossipExchange``
+    is one): the gossip state (model, clocks, counters), the backend, the update rule, the
+    epoch counter of the averages and the clock it reports (``have[0]``)."""
+
+    @property
+    def gossip(self) -> Gossip: ...
+    @property
+    def backend(self) -> Backend: ...
+    @property
+    def rule(self) -> LocalUpdate: ...
+    @property
+    def average(self) -> GossipModel: ...
+    @property
+    def have(self) -> dict[int, int]: ...
 
 
 class CutAgreement:
@@ -70,7 +93,7 @@ class CutAgreement:
             self.comm.Free()
 
 
-def exchange_state(ex: Any) -> State:
+def exchange_state(ex: GossipOwner) -> State:
     """A :class:`~pserver.roles.gossip_exchange.GossipExchange`'s state after ``finish``."""
     g, to_host = ex.gossip, ex.backend.to_host
     with g.lock:
@@ -86,7 +109,7 @@ def exchange_state(ex: Any) -> State:
     return State(arrays, attrs)
 
 
-def restore_exchange(ex: Any, state: State) -> None:
+def restore_exchange(ex: GossipOwner, state: State) -> None:
     """Put the saved state into a freshly built exchange whose engine is not started yet."""
     g, copy_in = ex.gossip, ex.backend.copy_from_host
     copy_in(state.arrays[W], g.w)

@@ -25,36 +25,80 @@ Pure of MPI: host copies through the backend (``to_host``, ``copy_from_host``).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from pserver.ckpt.files import CheckpointError, State
 
+if TYPE_CHECKING:
+    from pserver.comm.backend import Backend
+    from pserver.optim.local_update import LocalUpdate
+    from pserver.protocols.lockstep import RunPlan
 
-def model_state(model: Any) -> State:
+
+class LockstepOwner(Protocol):
+    """What a lockstep learner's record reads and writes of its model (``LockstepModel`` is
+    one): the weights, the update rule's state, the version, the epoch counter, the backend."""
+
+    w: Any  # the model on the learner's device
+    version: int
+
+    @property
+    def update(self) -> LocalUpdate: ...
+    @property
+    def plan(self) -> RunPlan: ...
+    @property
+    def backend(self) -> Backend: ...
+
+
+@dataclass(frozen=True)
+class LockstepRecord:
+    """A lockstep learner's record: its weights, its update rule's state arrays, its version
+    and epoch counter. Read from a state ``pserver.ckpt.files`` read and
+    ``pserver.ckpt.resume.check_state`` checked (shapes, dtypes) before training."""
+
+    w: np.ndarray
+    opt: dict[str, np.ndarray]
+    version: int
+    next_epoch: int
+
+    def to_state(self) -> State:
+        arrays = {"w": self.w, **{f"opt.{k}": a for k, a in self.opt.items()}}
+        return State(arrays, {"version": self.version, "next_epoch": self.next_epoch})
+
+    @classmethod
+    def from_state(cls, state: State, names: list[str]) -> LockstepRecord:
+        """The record in ``state``, with the rule's arrays ``names``."""
+        opt = {k: state.arrays[f"opt.{k}"] for k in names}
+        a = state.attrs
+        return cls(state.arrays["w"], opt, int(a["version"]), int(a["next_epoch"]))
+
+
+def model_state(model: LockstepOwner) -> State:
     """``model``: a ``LockstepModel``; its weights, rule state, version and epoch counter."""
-    to_host = model.ctx.backend.to_host
-    arrays = {"w": to_host(model.w)}
-    for name, a in model.update.updater.state_arrays().items():
-        arrays[f"opt.{name}"] = to_host(a)
-    attrs = {"version": model.version, "next_epoch": model.plan.counter.next_epoch}
-    return State(arrays, attrs)
+    to_host = model.backend.to_host
+    opt = {k: to_host(a) for k, a in model.update.updater.state_arrays().items()}
+    record = LockstepRecord(to_host(model.w), opt, model.version, model.plan.counter.next_epoch)
+    return record.to_state()
 
 
-def restore_model(model: Any, state: State) -> None:
-    copy_in = model.ctx.backend.copy_from_host
-    copy_in(state.arrays["w"], model.w)
-    for name, a in model.update.updater.state_arrays().items():
-        copy_in(state.arrays[f"opt.{name}"], a)
-    model.version = int(state.attrs["version"])
-    model.plan.counter.next_epoch = int(state.attrs["next_epoch"])
+def restore_model(model: LockstepOwner, state: State) -> None:
+    copy_in = model.backend.copy_from_host
+    arrays = model.update.updater.state_arrays()
+    record = LockstepRecord.from_state(state, list(arrays))
+    copy_in(record.w, model.w)
+    for name, a in arrays.items():
+        copy_in(record.opt[name], a)
+    model.version = record.version
+    model.plan.counter.next_epoch = record.next_epoch
 
 
 class HybridCut:
     """HYBRID's two models at the cut (see the module docstring)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: LockstepOwner) -> None:
         self.model = model
         self.pre: np.ndarray | None = None  # the model before the last landing (host copy)
         self.landed = False  # done() landed an average: ``pre`` differs from the final model
@@ -62,7 +106,7 @@ class HybridCut:
 
     def before_last_landing(self, in_flight: bool) -> None:
         """At ``done()``, before the last average lands: keep the model step k computes on."""
-        self.pre = np.array(self.model.ctx.backend.to_host(self.model.w), copy=True)
+        self.pre = np.array(self.model.backend.to_host(self.model.w), copy=True)
         self.landed = in_flight
 
     def state(self, steps: int) -> State:
@@ -78,7 +122,7 @@ class HybridCut:
         restore_model(self.model, state)
         if state.attrs.get("landed"):
             self.post = np.array(state.arrays["w"], copy=True)
-            self.model.ctx.backend.copy_from_host(state.arrays["pre"], self.model.w)
+            self.model.backend.copy_from_host(state.arrays["pre"], self.model.w)
             self.model.version -= 1  # step k's gradient was computed before that landing
         return int(state.attrs["steps"])
 
@@ -87,7 +131,7 @@ class HybridCut:
         (rows and tests of that landing are in the dump already). False when there is none."""
         if self.post is None:
             return False
-        self.model.ctx.backend.copy_from_host(self.post, self.model.w)
+        self.model.backend.copy_from_host(self.post, self.model.w)
         self.model.version += 1
         self.post = None
         return True

@@ -7,7 +7,7 @@ exactly as it stops for SIGTERM (its pushes delivered, the answers to its last p
 a goodbye to its shards, its prefetcher's goodbye with the minibatches it computed on); every
 other role's loop then ends as at a run's end. Every rank writes its file of generation g, the
 ranks agree, the statistics rank commits g (``LATEST``), and each rank builds its driver again
-from the state it just wrote (:func:`continued`: ``ctx.resume`` with ``continued=True``), which
+from the state it just wrote (:func:`continued`: the next part's resume, ``continued=True``), which
 is what ``--resume`` from generation g would build. So the cut is the one the end and signal
 checkpoints already take, ``--resume`` accepts a periodic generation as it accepts theirs, and
 with λ = 1 the run with periodic checkpoints, the same run without them and a run resumed from
@@ -42,28 +42,39 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
-from pserver.ckpt.drivers.end import CONTINUE, end_checkpoint, generation
-from pserver.ckpt.files import Manifest, State
+from pserver.ckpt.drivers.end import CONTINUE, Checkpointed, end_checkpoint, generation
+from pserver.ckpt.files import CheckpointError, Manifest, State
 from pserver.ckpt.resume import Resume, checkpoint_dir
 
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
-def run_parts(ctx: Any, world: Any, build: Callable[[], Any]) -> int:
-    """Run the role's driver (``build()`` makes one from ``ctx``) part after part until the
-    run ends, checkpointing after each; the exit status of the last (``ckpt_end``)."""
+    from pserver.runtime.context import Context
+
+
+def run_parts(ctx: Context, world: MPI.Comm, build: Callable[[Context], Checkpointed]) -> int:
+    """Run the role's driver (``build(ctx)`` makes one) part after part until the run ends,
+    checkpointing after each; the exit status of the last (``ckpt_end``). Each part's driver
+    gets its own frozen context: the first ``ctx``, then ``ctx`` with the state the last part
+    wrote as its resume (:func:`continued`), passed, never written into a context."""
     gen = generation(ctx)
+    part, last = ctx, None
     while True:
-        driver = build()
+        driver = build(part)
         driver.run()
-        code = end_checkpoint(ctx, world, driver, gen)
+        code, state = end_checkpoint(part, world, driver, gen)
         if code != CONTINUE:
             return code
-        ctx.resume = continued(ctx, gen, driver.last_state)
+        last = state if state is not None else last  # a state that failed: the last one's
+        if last is None:
+            raise CheckpointError(f"rank {ctx.rank}: no state to continue from")
+        part = ctx.resumed(continued(part, gen, last))
         gen += 1
 
 
-def continued(ctx: Any, gen: int, state: State) -> Resume:
+def continued(ctx: Context, gen: int, state: State) -> Resume:
     """The in-process resume from generation ``gen``: this rank's state as it wrote it (or
     tried to), the restarts counted so far, the clock going on."""
     restarts = ctx.resume.restarts if ctx.resume is not None else 0

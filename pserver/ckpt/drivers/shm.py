@@ -56,12 +56,17 @@ Its goodbye therefore releases it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from pserver.comm.shm import SharedWindows
 
-def host_copy(to_host: Callable[[Any], np.ndarray], window: Any) -> Callable[[Any], np.ndarray]:
+
+def host_copy(
+    to_host: Callable[[Any], np.ndarray], window: SharedWindows | None
+) -> Callable[[Any], np.ndarray]:
     """``to_host`` for a shard's checkpoint: a numpy array that owns its memory when ``window``
     (the node's ``SharedWindows``, or None) may hold the array, else ``to_host`` itself."""
     if window is None:

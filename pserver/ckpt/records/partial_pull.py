@@ -96,13 +96,16 @@ What is exact: see docs/checkpoints.md, *Partial pulling*.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pserver.ckpt.files import CheckpointError, State, attr, pairs
 from pserver.plan.config import Config, pull_timestamp
 from pserver.protocols.partial_pull import ITERATION
+
+if TYPE_CHECKING:
+    from pserver.protocols.rounds import Rounds
 
 
 def keeps_copies(cfg: Config) -> bool:
@@ -152,12 +155,12 @@ def check_learner(
         )
 
 
-def rounds_state(rounds: Any) -> dict[str, Any]:
+def rounds_state(rounds: Rounds) -> dict[str, Any]:
     """A block's round accounting at the cut: each learner's largest tag (its response)."""
     return {"latest": [[int(k), int(t)] for k, t in sorted(rounds.latest.items())]}
 
 
-def restore_rounds(rounds: Any, attrs: dict[str, Any], ts: int) -> None:
+def restore_rounds(rounds: Rounds, attrs: dict[str, Any], ts: int) -> None:
     """Put :func:`rounds_state`'s ``latest`` back into a fresh round accounting at ``ts``."""
     rounds.latest = {int(k): int(t) for k, t in attrs.get("latest", [])}
     rounds.round = int(ts)

@@ -20,7 +20,7 @@ pull is in flight, so what its next minibatch computes on is not the shards' mod
 
 Resume: the same state is put back, the requests answered STOP are sent again where they were
 (before the dropped pushes they preceded), the dropped pushes are sent again
-(``pserver.ckpt.drivers.overlap.resend``), and the next
+(``pserver.roles.overlap.OverlapExchange.resend``), and the next
 minibatch follows the uninterrupted run's arithmetic: it installs the answer the uninterrupted
 run would have installed and computes on the same copy. With λ = 1 the resumed run's weights
 equal the uninterrupted run's bit for bit (tests/test_mpi_ckpt_overlap.py). Liveness is that of
@@ -34,11 +34,55 @@ in the gradient buffers any more; the older ones are not sent again (docs/checkp
 
 from __future__ import annotations
 
-from typing import Any
+from collections import deque
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from pserver.ckpt.files import CheckpointError, State, attr, counts, expect
+
+if TYPE_CHECKING:
+    from pserver.comm.backend import Backend
+    from pserver.protocols.inflight import InflightWindow
+
+#: what ``OverlapExchange.resend`` sends again: the blocks answered STOP, and the dropped
+#: pushes as (push number, {block: timestamp}, gradient)
+Replay = tuple[list[int], list[tuple[int, dict[int, int], np.ndarray]]]
+
+
+class HasBackend(Protocol):
+    @property
+    def backend(self) -> Backend: ...
+
+
+class PipelineLink(Protocol):
+    """The learner's link to its shards, as far as the record reads it: the compute copy
+    ``w`` and the buffer answers arrive in, ``w_comm``."""
+
+    w: Any
+    w_comm: Any
+
+
+class PipelineOwner(Protocol):
+    """What the pipeline record reads and writes of an overlapped learner's exchange
+    (``pserver.roles.overlap.OverlapExchange`` is one)."""
+
+    @property
+    def ctx(self) -> HasBackend: ...
+    @property
+    def link(self) -> PipelineLink: ...
+    @property
+    def window(self) -> InflightWindow | None: ...
+    @property
+    def grads(self) -> list[Any]: ...  # the two gradient buffers
+    @property
+    def recent(self) -> deque[tuple[int, dict[int, int]]]: ...  # the last pushes' timestamps
+    steps: int
+    have: dict[int, int]  # block -> timestamp installed
+    arrived: dict[int, int]  # block -> timestamp complete in w_comm
+    current: set[int]  # blocks answered "yours is current"
+    stopped: set[int]  # blocks answered STOP
+    replay: Replay | None
 
 PIPELINE = 1  # format of the pipeline attributes
 
@@ -51,7 +95,7 @@ def _keys(d: dict[str, Any]) -> dict[int, int]:
     return {int(k): int(v) for k, v in d.items()}
 
 
-def dropped_pushes(ex: Any) -> list[tuple[int, dict[int, int]]]:
+def dropped_pushes(ex: PipelineOwner) -> list[tuple[int, dict[int, int]]]:
     """(push number, {block: timestamp pushed with}) of the pushes the shards dropped at their
     stop, oldest first; only those still in the two gradient buffers (see the module)."""
     w = ex.window
@@ -65,7 +109,7 @@ def dropped_pushes(ex: Any) -> list[tuple[int, dict[int, int]]]:
     return out
 
 
-def pipeline_state(ex: Any) -> State:
+def pipeline_state(ex: PipelineOwner) -> State:
     """The exchange's pipeline as arrays and JSON-able attributes."""
     host = ex.ctx.backend.to_host
     arrays: dict[str, np.ndarray] = {"w": host(ex.link.w).copy()}
@@ -95,7 +139,7 @@ def pipeline_state(ex: Any) -> State:
     return State(arrays, attrs)
 
 
-def restore_pipeline(ex: Any, state: State) -> None:
+def restore_pipeline(ex: PipelineOwner, state: State) -> None:
     """Put the pipeline back; ``ex.replay`` gets what ``resend`` sends before the first
     minibatch (the requests answered STOP and the dropped pushes)."""
     a = state.attrs

@@ -23,11 +23,16 @@ resumed run may not change (``pserver.ckpt.files.MAY_CHANGE``).
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pserver.optim.prediction import Predictor
+
+if TYPE_CHECKING:
+    from pserver.ckpt.files import State
+    from pserver.plan.config import Config
+    from pserver.plan.topology import Block
 
 
 def probe_arrays(index: int) -> tuple[str, str]:
@@ -83,7 +88,7 @@ def predictor_arrays(p: Predictor, index: int) -> dict[str, tuple[tuple[int, ...
 KEYS = ("recent", "window", "lr", "steps", "probe")
 
 
-def check_predictor(cfg: Any, state: Any, block: Any, where: str) -> None:
+def check_predictor(cfg: Config, state: State, block: Block, where: str) -> None:
     """Refuse, before training, a shard's checkpoint without block ``block``'s predictor
     (``cfg.protocol.predict``), or with probe buffers of another shape or dtype."""
     from pserver.ckpt.files import CheckpointError, attr, counts
