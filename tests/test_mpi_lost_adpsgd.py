@@ -52,7 +52,8 @@ def test_a_killed_adpsgd_learner_is_lost_and_the_ring_goes_on(tmp_path, lam):
     run = tmp_path / "run"
     # adpsgd runs no shard: stats rank 0, data rank 1, learners from rank 2
     res = run_job(lam + 2, [str(QUICKSTART), f"run.out_dir={run}", "protocol.name=adpsgd",
-                            "run.epochs=60", "stats.progress=false", *KILL], timeout=300, flags=ULFM)  # fmt: skip
+                            "run.epochs=60", "stats.progress=false", *KILL],
+                  timeout=300, flags=ULFM)  # fmt: skip
     # Open MPI's mpiexec may return the dead rank's status: the dump's word is what counts
     assert "aborting the job" not in res.output, res.output
     assert (run / "stats.h5").exists(), res.output
@@ -66,8 +67,8 @@ def test_a_killed_adpsgd_learner_is_lost_and_the_ring_goes_on(tmp_path, lam):
     survivors = [i for i in range(lam) if i != 2]
     assert sorted(dump.group("learners")["learner"].tolist()) == survivors
     # every survivor went on in the survivors' ring: its exchanges of the last quarter of the
-    # run after the kill (the last exchange with learner 2) are with its new neighbours only. Not its
-    # steps' second half: ADPSGD's learners take uneven shares, and half of a survivor's steps
+    # run after the kill (the last exchange with learner 2) are with its new neighbours only.
+    # Not its steps' second half: ADPSGD's learners take uneven shares, and half of a survivor's steps
     # fell before the kill at times; not the statistics server's time of the loss either: it
     # may hear of it only at the end. The run is 3× the quickstart's, so that last quarter
     # comes seconds after the survivors' repair (70-440 ms after the death, measured).
