@@ -69,9 +69,9 @@ def test_a_killed_adpsgd_learner_is_lost_and_the_ring_goes_on(tmp_path, lam):
     # every survivor went on in the survivors' ring: its exchanges of the last quarter of the
     # run after the kill (the last exchange with learner 2) are with its new neighbours only.
     # Not its steps' second half: ADPSGD's learners take uneven shares, and half of a
-    # survivor's steps fell before the kill at times; not the statistics server's time of the loss either: it
-    # may hear of it only at the end. The run is 3× the quickstart's, so that last quarter
-    # comes seconds after the survivors' repair (70-440 ms after the death, measured).
+    # survivor's steps fell before the kill at times; not the statistics server's time of the
+    # loss either: it may hear of it only at the end. The run is 3× the quickstart's, so that
+    # last quarter comes seconds after the survivors' repair (70-440 ms after the death).
     ring = Ring(lam).lose(2)
     edges = {frozenset(ring.members[p] for p in e) for e in ring.edges()}
     ex = dump.group("exchanges")
