@@ -37,13 +37,15 @@ def job(out: Path, n: int, *overrides: str, resume: bool = False):
     return run_job(n, [str(QUICKSTART), *where, *QUIET, *overrides], TIMEOUT)
 
 
-def assert_continued(out: Path, epochs: int, restarts: int = 1) -> None:
+def assert_continued(
+    out: Path, epochs: int, restarts: int = 1, best: float = 0.1, final: float = 0.15
+) -> None:
     """The dump continued in place: one test row per epoch, the restarts counted, consistent
-    (``pserver-stats check``), and the model learned."""
+    (``pserver-stats check``), and the model learned (chance is 0.9)."""
     dump = load_dump(out / "stats.h5")
     assert check_dump(dump) == [], check_dump(dump)
     assert list(dump.group("test")["epoch"]) == list(range(1, epochs + 1))
-    assert_learned(dump, best=0.1, final=0.15)
+    assert_learned(dump, best=best, final=final)
     with h5py.File(out / "stats.h5", "r") as f:
         assert f.attrs["restarts"] == restarts
 
@@ -74,12 +76,14 @@ def test_psp_stopped_at_its_end_resumes_for_more_epochs(tmp_path):
 
 def test_periodic_checkpoints_with_partial_pulling(tmp_path):
     """Pauses every 0.5 s (PSP, λ = 3): the run completes, several generations are committed,
-    none counted as a restart."""
+    none counted as a restart, and the model learned. Three epochs of PSP with partial pulling
+    reached a best test error of 4.0-11.6 % over 12 runs (6 on this code, 6 on the code before
+    this session's changes: one of each above 10 %, and once in a suite run), hence 15 %."""
     a = tmp_path / "a"
     res = job(a, 6, *PSP, *SLOW, "run.epochs=3", "run.checkpoint_interval=0.5")
     assert res.returncode == 0, res.output
     assert latest(a / "checkpoint").generation >= 3, res.output  # 2+ pauses and the end
-    assert_continued(a, 3, restarts=0)
+    assert_continued(a, 3, restarts=0, best=0.15, final=0.2)
 
 
 # λ = 1: with τ2 = 0 which replies are in when the first lands depends on timing, so the run is
