@@ -80,13 +80,9 @@ class SyncRun:
         self.wait_time = [0.0] * n
         self.push_time = [0.0] * n
         self.finished_at = [0.0] * n
-        self.train = rows.table("train", "learner", "step", "time", "loss", "error",
-                                "compute_time", "wait_time", "pull_time", "push_time",
-                                "stale_fraction", "dropped_blocks")
-        self.exchanges = rows.table("exchanges", "learner", "step", "partner", "partner_age",
-                                    "partner_step", "bytes", "wait_time", "time")
-        self.sigmas = rows.table("staleness", "learner", "owner", "version", "staleness",
-                                 "time")  # fmt: skip
+        self.train = rows.train()
+        self.exchanges = rows.exchanges()
+        self.sigmas = rows.staleness()
         self.freeze_learner = costs.plan.freeze_learner
 
     @property

@@ -228,13 +228,9 @@ class GossipRun:
         self.message = costs.message(True)  # a header and the model
         self.service = s.message_time + s.update_per_byte * costs.nbytes  # the average
         self.final = allreduce_time(costs, n, cfg.comm.bucket_mib)  # the final average model
-        self.train = rows.table("train", "learner", "step", "time", "loss", "error",
-                                "compute_time", "wait_time", "pull_time", "push_time",
-                                "stale_fraction", "dropped_blocks")
-        self.exchanges = rows.table("exchanges", "learner", "step", "partner", "partner_age",
-                                    "partner_step", "bytes", "wait_time", "time")
-        self.sigmas = rows.table("staleness", "learner", "owner", "version", "staleness",
-                                 "time")  # fmt: skip
+        self.train = rows.train()
+        self.exchanges = rows.exchanges()
+        self.sigmas = rows.staleness()
         self.learners = [GossipLearner(k, self) for k in range(n)]
         self.live = n
         self.end = 0.0

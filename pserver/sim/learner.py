@@ -66,9 +66,7 @@ class SimLearner:
         self.compute_time = self.pull_time = self.compute_now = 0.0
         self.finished_at = 0.0
         self.batch = costs.batch
-        self.train = rows.table("train", "learner", "step", "time", "loss", "error",
-                                "compute_time", "wait_time", "pull_time", "push_time",
-                                "stale_fraction", "dropped_blocks")
+        self.train = rows.train()
         self.freezes = index == costs.plan.freeze_learner  # inject.freeze_*
         self.cores: Cores | None = None  # sim.cores: the node's processors, set by the engine
         self.stats: Serial | None = None  # and the statistics server's CPU on them

@@ -50,6 +50,21 @@ class Rows:
             t = self.tables[group] = Table(self, group, columns)
         return t
 
+    def train(self) -> Table:
+        """The ``train`` rows, one per minibatch (every simulated learner writes them)."""
+        return self.table("train", "learner", "step", "time", "loss", "error", "compute_time",
+                          "wait_time", "pull_time", "push_time", "stale_fraction",
+                          "dropped_blocks")  # fmt: skip
+
+    def staleness(self) -> Table:
+        """The ``staleness`` rows, one per applied contribution."""
+        return self.table("staleness", "learner", "owner", "version", "staleness", "time")
+
+    def exchanges(self) -> Table:
+        """The learners-only strategies' ``exchanges`` rows, one per learner step."""
+        return self.table("exchanges", "learner", "step", "partner", "partner_age",
+                          "partner_step", "bytes", "wait_time", "time")  # fmt: skip
+
     def add(self, group: str, **row: Any) -> None:
         """One row by column names (for the rare rows: delays, end-of-run totals)."""
         t = self.table(group, *row)

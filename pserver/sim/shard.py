@@ -67,7 +67,7 @@ class SimShard:
         self.idle_since = 0.0  # when its queue last ran empty (sim.polls: its wait began)
         self.grads = rows.table("gradients", "shard", "learner", "timestamp", "staleness",
                                 "update", "time")
-        self.sigmas = rows.table("staleness", "learner", "owner", "version", "staleness", "time")
+        self.sigmas = rows.staleness()
         self.updates = rows.table("updates", "shard", "timestamp", "time", "n_gradients",
                                   "mean_staleness", "lr")
         self.handlers: dict[int, Callable[..., None]] = {
