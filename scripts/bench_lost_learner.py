@@ -12,7 +12,9 @@ error of the three runs.
         [--step 100] [--period 0.3] [--timeout 1.0]
 
 Every strategy that survives a lost learner can be named: the parameter-server family, BMUF
-and MA (one shard: 7 ranks for λ = 4) and the learners-only SYNC and HYBRID (6 ranks).
+and MA (one shard: 7 ranks for λ = 4) and the learners-only SYNC, HYBRID and ADPSGD (6 ranks).
+The verdict column is issue 22's acceptance for the run that lost learner 2 (finished, `check`
+clean, `learners_lost` naming it with λ = 3).
 
 Run it with the Open MPI environment's Python: the launcher is the ``mpiexec`` beside it.
 """
@@ -78,6 +80,25 @@ def rates(run: Path) -> tuple[float, float]:
             len(after) * batch / max(after.max() - after.min(), 1e-9))  # fmt: skip
 
 
+def verdict(run: Path) -> str:
+    """Issue 22's acceptance for the run that lost learner 2: ``ok`` when the dump is finished,
+    ``pserver-stats check`` is clean and ``learners_lost`` lists learner 2 with λ = 3; else
+    what is wrong."""
+    from pserver.dump.check import check_dump
+
+    if not (run / "stats.h5").is_file():
+        return "no dump"
+    dump = load_dump(run / "stats.h5")
+    lost = summarize(dump)["learners_lost"]
+    if "finished" not in dump.attrs:
+        return "not finished"
+    if problems := check_dump(dump):
+        return f"check: {problems[0]}"
+    if [(r["learner"], r["learners"]) for r in lost] != [(2, 3)]:
+        return f"learners_lost {lost}"
+    return "ok"
+
+
 def final_error(run: Path) -> float:
     return float(load_dump(run / "stats.h5").group("test")["error"][-1])
 
@@ -98,18 +119,22 @@ def main() -> None:
             "--mca", "mpi_ft_detector_period", str(a.period),
             "--mca", "mpi_ft_detector_timeout", str(a.timeout)]  # fmt: skip
     kill = ["inject.fail_learner=2", f"inject.fail_step={a.step}", "inject.fail_kill=true"]
-    print("protocol  detection_s  samples/s_before  samples/s_after  samples/s_lambda4  "
+    print("protocol  verdict  detection_s  samples/s_before  samples/s_after  samples/s_lambda4  "
           "samples/s_lambda3  error_lost  error_lambda4  error_lambda3")  # fmt: skip
     with TemporaryDirectory() as tmp:
         for proto in a.protocols:
             out = Path(tmp) / proto
             text = job(out / "lost", ranks(proto, 4), proto, kill, ulfm)
+            ok = verdict(out / "lost")
+            if ok != "ok":  # the issue's acceptance failed: say why, with the job's last lines
+                print(f"{proto:9s} {ok}\n" + "\n".join(text.splitlines()[-8:]))
+                continue
             job(out / "four", ranks(proto, 4), proto, [], ulfm)
             job(out / "three", ranks(proto, 3), proto, ["cluster.learners=3"], ulfm)
             before, after = rates(out / "lost")
             errors = [final_error(out / r) for r in ("lost", "four", "three")]
             speeds = [throughput(out / r) for r in ("four", "three")]
-            print(f"{proto:9s} {detection(text):11.3f} {before:17.0f} {after:16.0f} "
+            print(f"{proto:9s} {ok:7s}  {detection(text):11.3f} {before:17.0f} {after:16.0f} "
                   f"{speeds[0]:17.0f} {speeds[1]:17.0f}  "
                   + "  ".join(f"{e:10.4f}" for e in errors))
             sys.stdout.flush()
