@@ -145,13 +145,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def rank_main(argv: list[str] | None, world: MPI.Comm) -> int:
     """One rank's life under ``main``."""
-    from pserver.comm.waiting import (
-        PeerLog,
-        Waiter,
-        crowded_poll_max,
-        crowded_spin,
-        long_poll_max,
-    )
+    from pserver.comm.waiting import PeerLog, Waiter, crowded_poll_max, crowded_spin
     from pserver.runtime.startup import agree, failure_message, outcome, status_of
 
     rank, size = world.Get_rank(), world.Get_size()
@@ -204,8 +198,7 @@ def rank_main(argv: list[str] | None, world: MPI.Comm) -> int:
         error = e
     here = local[1]  # the ranks of this node: a crowded node's waits sleep longer, spin less
     poll_max = crowded_poll_max(comm.poll_max, here)
-    waiter = Waiter(log, peers, comm.poll_min, poll_max, comm.stall_timeout, crowded_spin(here),
-                    long_max=long_poll_max(comm.poll_max, here))  # fmt: skip
+    waiter = Waiter(log, peers, comm.poll_min, poll_max, comm.stall_timeout, crowded_spin(here))
     try:
         statuses = agree(world, status_of(error), waiter)
         PHASES.mark("agreement")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pserver.comm.channels import Channels
 from pserver.comm.liveness import Roster, this_process
 from pserver.comm.records import RecordBuffer
-from pserver.comm.waiting import PeerLog, Waiter, crowded_poll_max, crowded_spin, long_poll_max
+from pserver.comm.waiting import PeerLog, Waiter, crowded_poll_max, crowded_spin
 from pserver.errors import ConfigError
 from pserver.plan.config import Config, check_fail_learner, inject_plan, revised
 from pserver.plan.limits import NodeBudget, RunSizes, available_memory, check_blas_threads
@@ -242,7 +242,7 @@ def make_waiter(plan: Plan, log: logging.Logger, peers: PeerLog) -> Waiter:
     here = plan.nodes.count(plan.nodes[plan.rank]) if plan.nodes else 1
     return Waiter(
         log, peers, c.poll_min, crowded_poll_max(c.poll_max, here), c.stall_timeout,
-        crowded_spin(here), long_max=long_poll_max(c.poll_max, here),
+        crowded_spin(here),
     )  # fmt: skip
 
 
