@@ -30,6 +30,8 @@ from tempfile import TemporaryDirectory
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
+
 from pserver.dump.reader import load_dump, summarize  # noqa: E402
 from pserver.job import launch  # noqa: E402
 
@@ -76,8 +78,11 @@ def rates(run: Path) -> tuple[float, float]:
         start = float(t.min())
     before = t[(t >= start) & (t < seen)]
     after = t[t >= seen]
-    return (len(before) * batch / max(before.max() - before.min(), 1e-9),
-            len(after) * batch / max(after.max() - after.min(), 1e-9))  # fmt: skip
+
+    def rate(rows: np.ndarray) -> float:  # nan: no rows in that window (a loss seen early)
+        return len(rows) * batch / max(rows.max() - rows.min(), 1e-9) if rows.size else np.nan
+
+    return rate(before), rate(after)
 
 
 def verdict(run: Path) -> str:
