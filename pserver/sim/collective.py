@@ -90,10 +90,14 @@ class SyncRun:
         return self.versions[0].value if self.versions else 0
 
     def start(self) -> None:
+        self.open_feeds()
+        self.begin_step()
+
+    def open_feeds(self) -> None:
+        """Every learner's prefetcher asks the data server for its first minibatches."""
         now = self.loop.now
         for k in range(self.n):
             self.feed.open(k, now)
-        self.begin_step()
 
     def begin_step(self) -> None:
         """Every learner has the step's weights (``SyncExchange.weights``); none past S."""
@@ -182,14 +186,8 @@ class HybridRun(SyncRun):
         self.held: dict[int, list[tuple[int, int]]] = {}  # allreduce k -> (learner, computed_at)
         self.join_count: dict[int, int] = {}
 
-    @property
-    def updates(self) -> int:
-        return self.versions[0].value if self.versions else 0
-
     def start(self) -> None:
-        now = self.loop.now
-        for k in range(self.n):
-            self.feed.open(k, now)
+        self.open_feeds()
         for k in range(self.n):
             self.begin(k)
 
