@@ -259,6 +259,51 @@ def replay_worker(size_mib: float, steps: int, zero_copy: bool) -> None:
         print(RESULT + json.dumps({"gbs": sum(rates), "ranks": len(rates)}), flush=True)
 
 
+def replay_gpu_worker(size_mib: float, steps: int) -> None:
+    """The device-to-host copy limit of a staged server: its copies and its update, no MPI.
+
+    One process on the GPU replays ``steps`` updates of a ``size_mib`` model: the gradient
+    copied from a pinned host buffer into the device (what a staged receive does after MPI has
+    filled the pinned mirror), one pass of pserver's SGD kernel over w on the device, and the
+    new weights copied back into a pinned host buffer (what a staged send does before MPI
+    reads it). Both copies go through the same host link the staged path uses, one after the
+    other, so this is the payload rate of a server that does nothing but its copies and its
+    update; MPI only starts the rank and the figure is printed as the CPU replay's is.
+    """
+    import cupy as cp
+    import cupyx
+    import numpy as np
+    from mpi4py import MPI
+
+    from pserver.comm.backend import D2H, H2D
+    from pserver.optim.rules import make_updater
+    from pserver.plan.config import OptimConfig
+
+    comm = MPI.COMM_WORLD
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+    cp.cuda.Device(local % cp.cuda.runtime.getDeviceCount()).use()
+    n = int(size_mib * MIB) // 4
+    w, g = cp.zeros(n, np.float32), cp.empty(n, np.float32)
+    g_host = cupyx.empty_pinned((n,), np.float32)
+    w_host = cupyx.empty_pinned((n,), np.float32)
+    g_host[:] = 1e-3
+    updater = make_updater(OptimConfig(rule="sgd", lr=LR, weight_decay=0.0), n, cp, w.dtype)
+    stream = cp.cuda.get_current_stream()
+    nbytes = w.nbytes
+    comm.Barrier()
+    times = []
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        cp.cuda.runtime.memcpy(g.data.ptr, g_host.ctypes.data, nbytes, H2D)
+        updater.step(w, g, LR)
+        stream.synchronize()
+        cp.cuda.runtime.memcpy(w_host.ctypes.data, w.data.ptr, nbytes, D2H)
+        times.append(time.perf_counter() - t0)
+    rates = comm.gather(window_rate(times, 2 * nbytes), 0)
+    if comm.Get_rank() == 0:
+        print(RESULT + json.dumps({"gbs": sum(rates), "ranks": len(rates)}), flush=True)
+
+
 # -- driver ---------------------------------------------------------------------------------------
 
 
@@ -463,7 +508,13 @@ def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
                     )
                     buffer_done[key].append(window_rate(res["times"], res["bytes_per_update"]))
                 lkey = (r.size_mib, r.replay)
-                if len(limit_done.setdefault(lkey, [])) <= rep and not gpu:
+                if len(limit_done.setdefault(lkey, [])) <= rep and gpu:
+                    log(f"  limit replay (H2D copy in, SGD kernel, D2H copy out): {r.size_mib} MiB")
+                    res = launcher.worker(
+                        1, ["--replay-gpu", str(r.size_mib), "--steps", str(r.steps)]
+                    )
+                    limit_done[lkey].append(res["gbs"])
+                elif len(limit_done[lkey]) <= rep:
                     log(f"  limit replay ({r.replay} in, copy out): {r.size_mib} MiB")
                     mode = ["--zero-copy"] if r.replay == "zero" else []
                     res = launcher.worker(
@@ -528,7 +579,9 @@ NOTE_GPU = """\
 -> pinned host buffer -> MPI -> pinned host buffer -> device; comm.cuda_aware=no) or cuda-aware
 (device buffers handed to MPI). raw = the same path hand-written between two ranks, one-way:
 staged = D2H copy, Send -> Recv, H2D copy; cuda-aware = Send/Recv of device buffers. The pickle
-and buffer parameter servers are CPU baselines and are not run."""
+and buffer parameter servers are CPU baselines and are not run. limit = the device-to-host copy
+limit of a staged server: one process replays only its memory work, no MPI (gradient H2D from
+a pinned buffer, one SGD kernel, weights D2H into a pinned buffer); ps/limit = pserver / limit."""
 
 
 HEADER = ("MiB", "learn", "blocks", "via", "raw", "raw@blk", "pickle", "buffer", "limit",
@@ -583,6 +636,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--naive", type=float, metavar="MIB", help=argparse.SUPPRESS)
     p.add_argument("--buffers", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--replay", type=float, metavar="MIB", help=argparse.SUPPRESS)
+    p.add_argument("--replay-gpu", type=float, metavar="MIB", help=argparse.SUPPRESS)
     p.add_argument("--zero-copy", action="store_true", help=argparse.SUPPRESS)
     p.add_argument(
         "--replay-ranks", type=int, default=os.cpu_count() or 2,
@@ -606,7 +660,9 @@ def run_worker(args: argparse.Namespace) -> bool:
         naive_worker(args.naive, args.steps, args.buffers)
     elif args.replay:
         replay_worker(args.replay, args.steps, args.zero_copy)
-    return bool(args.raw or args.raw_gpu or args.naive or args.replay)
+    elif args.replay_gpu:
+        replay_gpu_worker(args.replay_gpu, args.steps)
+    return bool(args.raw or args.raw_gpu or args.naive or args.replay or args.replay_gpu)
 
 
 def json_doc(rows: list[Row], extra: dict[str, Any]) -> dict[str, Any]:
