@@ -101,6 +101,7 @@ def check_supported(cfg: Config) -> int:
             'pserver-sim simulates comm.mode = "blocking", blocks.split = "size" and no '
             "protocol.predict: set those"
         )
+    inject_plan(cfg).validate(cfg.cluster.servers, n)  # a slow shard or learner that exists
     return n
 
 
