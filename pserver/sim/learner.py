@@ -50,7 +50,7 @@ class SimLearner:
         "index", "loop", "costs", "rows", "servers", "data", "partial", "rule", "have", "steps",
         "stopped", "asked", "pull_since", "ready_at", "inbox", "next_batch", "compute_time",
         "pull_time", "compute_now", "finished_at", "batch", "pulling", "train", "freezes",
-        "cores", "stats", "cpu_used", "began", "wait_since", "timed",
+        "cores", "stats", "cpu_used", "began", "wait_since", "timed", "out", "stops",
     )  # fmt: skip
 
     def __init__(
@@ -64,8 +64,10 @@ class SimLearner:
         # every rank builds w0: a learner starts at timestamp 0 of every block without a pull
         self.have = [0] * n_blocks
         self.steps = 0
-        self.stopped: set[int] = set()  # blocks that answered STOP
-        self.asked: set[int] = set()  # blocks with a pull request out
+        # per block, 1 where it answered STOP / has a pull request out (a bytearray, not a set:
+        # 100,000 learners' empty sets cost 50 MiB), and how many of each
+        self.stopped, self.stops = bytearray(n_blocks), 0
+        self.asked, self.out = bytearray(n_blocks), 0
         self.pulling = False  # waiting in a pull (``PSExchange.pull``)
         self.pull_since = 0.0
         self.ready_at = 0.0  # the end of a freeze or of the step's own overhead
@@ -149,12 +151,13 @@ class SimLearner:
         iteration = self.rule.push_iteration()
         sent = 0
         for b, shard in enumerate(servers.of):
-            if b in self.stopped:
+            if self.stopped[b]:
                 continue
             sent += servers.nbytes[b]
             accepts = None
-            if b not in self.asked:
-                self.asked.add(b)
+            if not self.asked[b]:
+                self.asked[b] = 1
+                self.out += 1
                 accepts = self.rule.oldest(have[b])
             self.loop.after(costs.sim.latency + costs.payload(sent), shard.push_and_pull,
                             self.index, b, have[b], iteration, accepts)  # fmt: skip
@@ -176,10 +179,10 @@ class SimLearner:
         self.pulling = True
         self.pull_since = self.wait_since = now
         oldest, have = self.rule.oldest, self.have
-        live = [b for b in range(len(have)) if b not in self.stopped]
+        live = [b for b in range(len(have)) if not self.stopped[b]]
         self.partial.start(now, {b: oldest(have[b]) for b in live})
         for b in live:
-            if b not in self.asked:
+            if not self.asked[b]:
                 self.ask(b)
         inbox, self.inbox = self.inbox, []
         for block, kind, ts in inbox:
@@ -207,10 +210,12 @@ class SimLearner:
 
     def take(self, b: int, kind: Reply, ts: int) -> None:
         """``PSExchange.on_reply`` for block ``b``."""
-        self.asked.discard(b)
+        self.asked[b] = 0  # every reply answers the one request out for its block
+        self.out -= 1
         now = self.loop.now
         if kind is Reply.STOP:
-            self.stopped.add(b)
+            self.stopped[b] = 1
+            self.stops += 1
             self.partial.forget(b, now)  # done: never wait for it again
         elif kind is Reply.CURRENT:
             # our copy is fresh enough, unless the iteration rule's requirement rose meanwhile
@@ -220,13 +225,14 @@ class SimLearner:
             verdict = self.partial.judge(b, ts, self.have[b], now)
             if verdict == USE:
                 self.have[b] = ts
-            elif b not in self.stopped:  # older than this iteration needs: ask again
+            elif not self.stopped[b]:  # older than this iteration needs: ask again
                 if verdict == REFRESH:
                     self.have[b] = ts
                 self.ask(b)
 
     def ask(self, b: int) -> None:
-        self.asked.add(b)
+        self.asked[b] = 1
+        self.out += 1
         self.wait_since = self.loop.now
         self.loop.after(self.costs.message(False), self.servers.of[b].arrive, PULL, self.index,
                         b, self.have[b], self.rule.oldest(self.have[b]))
@@ -236,7 +242,7 @@ class SimLearner:
         ready; else, once ``b`` of the blocks are in, an event at its ``tau2`` deadline."""
         now = self.loop.now
         partial = self.partial
-        if self.asked and not partial.ready(now):
+        if self.out and not partial.ready(now):
             due = partial.deadline()
             if due is not None and self.timed != partial.iteration:
                 self.timed = partial.iteration
@@ -245,8 +251,8 @@ class SimLearner:
                 self.loop.after(max(due - now, 0.0), self.on_deadline, partial.iteration)
             return
         self.pulling = False
-        self.rule.pulled({b: ts for b, ts in enumerate(self.have) if b not in self.stopped})
-        if len(self.stopped) == len(self.have):
+        self.rule.pulled({b: ts for b, ts in enumerate(self.have) if not self.stopped[b]})
+        if self.stops == len(self.have):
             self.finish()
             return
         self.compute(now - self.pull_since)
