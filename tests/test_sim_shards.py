@@ -50,6 +50,14 @@ def test_psp_with_partial_pulling_and_delays_on_two_shards_passes_the_check(tmp_
     assert out.returncode == 0 and "consistent" in out.stdout, out.stdout + out.stderr
 
 
+@pytest.mark.parametrize("strategy", ["async", "softsync", "hardsync", "ssp", "bmuf"])
+def test_every_shard_strategy_on_two_shards_and_five_blocks_is_consistent(tmp_path, strategy):
+    d = sim(tmp_path, f"protocol.name={strategy}", "cluster.servers=2", "blocks.count=5")
+    assert check_dump(d) == []
+    assert sorted(np.unique(d.group("updates")["shard"])) == [0, 1]
+    assert sorted(d.group("blocks")["block"]) == [0, 1, 2, 3, 4]
+
+
 def test_the_blocks_are_the_real_runs_and_each_push_carries_its_blocks_bytes(tmp_path):
     overrides = ["protocol.name=hardsync", "cluster.servers=2", "blocks.count=3"]
     d = sim(tmp_path, *overrides)
