@@ -335,14 +335,17 @@ def closers(dump: Dump, train: dict, n: int) -> np.ndarray:
     if not m:
         return out
     learner, upd, t = g["learner"][:m], g["update"][:m], g["time"][:m]
+    shard = g["shard"][:m]
     step = np.zeros(m, dtype=np.int64)
     for k in np.unique(learner):
-        mine = np.flatnonzero(learner == k)
-        step[mine[np.argsort(t[mine], kind="stable")]] = np.arange(len(mine))
-    last: dict[int, int] = {}
+        for s in np.unique(shard):  # a learner's j-th gradient row of each shard: its step j
+            mine = np.flatnonzero((learner == k) & (shard == s))
+            step[mine[np.argsort(t[mine], kind="stable")]] = np.arange(len(mine))
+    last: dict[tuple[int, int], int] = {}
     for i in np.flatnonzero(upd != -1):
-        if int(upd[i]) not in last or t[i] >= t[last[int(upd[i])]]:
-            last[int(upd[i])] = int(i)
+        key = (int(shard[i]), int(upd[i]))  # each shard's rounds
+        if key not in last or t[i] >= t[last[key]]:
+            last[key] = int(i)
     wanted = {(int(learner[i]), int(step[i]) + 1) for i in last.values()}
     pairs = zip(train["learner"][:n].tolist(), train["step"][:n].tolist(), strict=True)
     return np.fromiter((p in wanted for p in pairs), dtype=bool, count=n)
@@ -354,7 +357,11 @@ def delayed(dump: Dump, train: dict, n: int) -> np.ndarray:
     d = dump.group("delays")
     if not dump.rows("delays"):
         return np.zeros(n, dtype=bool)
-    held = set(zip(d["learner"].tolist(), (d["request"] + 1).tolist(), strict=True))
+    # each step asks every block of the shard once (several blocks: request r is step
+    # r // blocks + 1, a re-asked block aside)
+    per = blocks_per_shard(dump)
+    step = d["request"] // np.array([per.get(int(s), 1) for s in d["shard"]], dtype=np.int64)
+    held = set(zip(d["learner"].tolist(), (step + 1).tolist(), strict=True))
     pairs = zip(train["learner"][:n].tolist(), train["step"][:n].tolist(), strict=True)
     return np.fromiter((p in held for p in pairs), dtype=bool, count=n)
 
@@ -413,10 +420,24 @@ def message_time(dump: Dump, base: SimConfig, nbytes: int, cpu: bool = False) ->
         busy = float(np.sum(servers["cpu_time"]))
     else:
         busy = float(np.sum(servers["run_time"] - servers["wait_time"]))
-    pushes = dump.rows("gradients") + int(np.sum(servers["dropped_after_stop"]))
-    messages = 2 * pushes + int(dump.attrs.get("n_learners", 0))
-    busy -= base.update_per_byte * nbytes * pushes
+    # a shard's gradient rows are its first block's: each push of it came with one of each
+    # of the shard's other blocks, and each carried its block's bytes (servers/bytes_in)
+    per_shard = blocks_per_shard(dump)
+    g = dump.group("gradients")
+    pushes = sum(int(np.sum(g["shard"] == s)) * k for s, k in per_shard.items()) if g else 0
+    pushes += int(np.sum(servers["dropped_after_stop"]))
+    messages = 2 * pushes + int(dump.attrs.get("n_learners", 0)) * max(len(per_shard), 1)
+    pushed = float(np.sum(servers["bytes_in"])) if "bytes_in" in servers else nbytes * pushes
+    busy -= base.update_per_byte * pushed
     return max(busy / max(messages, 1), 0.0)
+
+
+def blocks_per_shard(dump: Dump) -> dict[int, int]:
+    """Each shard's count of blocks (the ``blocks`` rows); {0: 1} without them."""
+    if not dump.rows("blocks"):
+        return {0: 1}
+    shards, counts = np.unique(dump.group("blocks")["shard"], return_counts=True)
+    return {int(s): int(c) for s, c in zip(shards, counts, strict=True)}
 
 
 def overrides_of(sim: SimConfig) -> list[str]:

@@ -104,25 +104,31 @@ class Costs:
         rest = max(s.cpu - s.compute - s.step_overhead, 0.0) if s.cpu > 0.0 else 0.0
         return s.step_overhead + rest
 
-    def message(self, payload: bool) -> float:
-        """Seconds from send to arrival of a header, with the model's bytes when ``payload``."""
+    def message(self, payload: bool, nbytes: int | None = None) -> float:
+        """Seconds from send to arrival of a header, with ``nbytes`` (the model's when None:
+        one block) when ``payload``."""
         s = self.sim
-        return s.latency + (self.nbytes / s.bandwidth if payload else 0.0)
+        return s.latency + (self.payload(nbytes) if payload else 0.0)
 
-    def reply(self, payload: bool, learner: int, request: int) -> float:
+    def payload(self, nbytes: int | None = None) -> float:
+        """Seconds ``nbytes`` (the model's when None) take on a link: bytes / ``bandwidth``."""
+        return (self.nbytes if nbytes is None else nbytes) / self.sim.bandwidth
+
+    def reply(self, payload: bool, learner: int, request: int, nbytes: int | None = None) -> float:
         """Seconds a pull's reply travels: ``latency`` (a lognormal draw of that mean when
-        ``sim.latency_cv`` > 0, per learner and request) plus the model's bytes when
-        ``payload``."""
+        ``sim.latency_cv`` > 0, per learner and request) plus ``nbytes`` (the model's when
+        None: one block) when ``payload``."""
         s = self.sim
         lat = s.latency
         if s.latency_cv > 0.0:
             lat *= lognormal(s.latency_cv, REPLY_SALT, self.seed, learner, request)
-        return lat + (self.nbytes / s.bandwidth if payload else 0.0)
+        return lat + (self.payload(nbytes) if payload else 0.0)
 
-    def service(self, shard: int, push: bool) -> float:
-        """Seconds the shard spends on one message (a push carries a gradient to take)."""
+    def service(self, shard: int, push: bool, nbytes: int | None = None) -> float:
+        """Seconds the shard spends on one message (a push carries a gradient of ``nbytes``,
+        the model's when None or 0, to take: its block's)."""
         s = self.sim
-        t = s.message_time + (s.update_per_byte * self.nbytes if push else 0.0)
+        t = s.message_time + (s.update_per_byte * (nbytes or self.nbytes) if push else 0.0)
         return t * self.plan.server_slowdown(shard)
 
 

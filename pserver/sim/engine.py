@@ -1,7 +1,8 @@
 """Build a simulated run from a config, run it on an event loop, write its dump.
 
-``simulate(cfg)`` is the whole of ``pserver-sim CONFIG``: λ = ``cluster.learners``, one shard
-(``pserver.sim.shard``), λ blocking learners (``pserver.sim.learner``; BMUF's and MA's
+``simulate(cfg)`` is the whole of ``pserver-sim CONFIG``: λ = ``cluster.learners``,
+``cluster.servers`` shards over ``blocks.count`` blocks (``pserver.sim.servers``,
+``pserver.sim.shard``), λ blocking learners (``pserver.sim.learner``; BMUF's and MA's
 ``pserver.sim.local_steps``) — or, for the learners-only strategies, their run
 (``pserver.sim.collective``: SYNC, HYBRID; ``pserver.sim.gossip``: ADPSGD) — the cost model of
 ``[sim]`` and ``[inject]`` (``pserver.sim.costs``), and the dump in ``run.out_dir`` with the
@@ -38,7 +39,7 @@ from pserver.sim.learner import DataServer, SimLearner
 from pserver.sim.local_steps import LocalStepsLearner
 from pserver.sim.loop import make_loop
 from pserver.sim.rows import Rows
-from pserver.sim.shard import SimShard
+from pserver.sim.servers import Servers, model_blocks
 from pserver.strategies import lookup
 
 #: the learners-only strategies a simulation runs, by name: their run (pserver.sim.collective,
@@ -86,15 +87,13 @@ def check_supported(cfg: Config) -> int:
         inject_plan(cfg).validate(0, n)
         return n
     limits = {
-        "cluster.servers": (cfg.cluster.servers, 1),
-        "blocks.count": (cfg.blocks.count, 1),
         "cluster.tree_fanout": (cfg.cluster.tree_fanout, 0),
         "cluster.bcast_fanout": (cfg.cluster.bcast_fanout, 0),
     }
     for key, (value, only) in limits.items():
         if value != only:
             raise ConfigError(
-                f"{key} = {value}: pserver-sim simulates one shard with one block, no trees; "
+                f"{key} = {value}: pserver-sim simulates no trees; "
                 f"set {key} = {only}"
             )
     if cfg.comm.mode != "blocking" or cfg.protocol.predict or cfg.blocks.split != "size":
@@ -102,6 +101,7 @@ def check_supported(cfg: Config) -> int:
             'pserver-sim simulates comm.mode = "blocking", blocks.split = "size" and no '
             "protocol.predict: set those"
         )
+    inject_plan(cfg).validate(cfg.cluster.servers, n)  # a slow shard or learner that exists
     return n
 
 
@@ -124,6 +124,8 @@ def simulate(cfg: Config, rid: str | None = None) -> Outcome:
     if strategy.protocol is not None:  # a protocol that cannot run with λ fails here
         strategy.protocol(cfg, n)
     costs_bytes, train_size = model_bytes(cfg)
+    if strategy.protocol is not None:  # a blocks.count the real run refuses fails here
+        model_blocks(cfg, costs_bytes)
     cfg.run.out_dir, latest = expand(cfg.run.out_dir, cfg.run.name, rid or run_id())
     dump = check_out_dir(cfg.run.out_dir, DUMP_NAME, cfg.run.overwrite)
     writer = StatsWriter(dump, root_attrs(cfg, n), flush_interval=3600.0)
@@ -161,9 +163,9 @@ def simulate(cfg: Config, rid: str | None = None) -> Outcome:
 
 def run_shard(loop: Any, cfg: Config, costs: Costs, rows: Rows, n: int, train_size: int,
               costs_bytes: int) -> tuple[int, dict[str, float]]:  # fmt: skip
-    """The parameter-server strategies: one shard, λ learners; the updates applied and, with
-    ``sim.cores``, the statistics server's CPU for the dump's root."""
-    shard = SimShard(loop, cfg, costs, rows, n, train_size)
+    """The parameter-server strategies: ``cluster.servers`` shards, λ learners; the updates
+    applied and, with ``sim.cores``, the statistics server's CPU for the dump's root."""
+    shard = Servers(loop, cfg, costs, rows, n, train_size)
     data = DataServer(cfg.sim.data_time)
     rule, waits = pull_timestamp(cfg), lookup(cfg.protocol.name).waits_for_update
     p = cfg.protocol
@@ -179,14 +181,14 @@ def run_shard(loop: Any, cfg: Config, costs: Costs, rows: Rows, n: int, train_si
     for learner in shard.learners:
         loop.after(cfg.sim.start_time, learner.start)
     loop.run()
-    shard.end_rows(int(costs_bytes // np.dtype(cfg.model.dtype).itemsize))
+    shard.end_rows()
     shared = {} if cores is None else {"stats_cpu_time": cfg.sim.other_cpu * rows_of(shard)}
-    return int(shard.block.ts), shared
+    return shard.updates, shared
 
 
-def share_cores(loop: Any, cfg: Config, shard: SimShard) -> Cores | None:
+def share_cores(loop: Any, cfg: Config, shard: Servers) -> Cores | None:
     """With ``sim.cores`` > 0: one processor-sharing queue (``pserver.sim.cores``) that every
-    learner, the shard and the statistics server run their CPU on; None (no cost) without."""
+    learner, the shards and the statistics server run their CPU on; None (no cost) without."""
     if cfg.sim.cores <= 0.0:
         return None
     cores = Cores(loop, cfg.sim.cores)
@@ -197,7 +199,7 @@ def share_cores(loop: Any, cfg: Config, shard: SimShard) -> Cores | None:
     return cores
 
 
-def rows_of(shard: SimShard) -> int:
+def rows_of(shard: Servers) -> int:
     """The ``train`` rows the learners wrote (one per minibatch)."""
     return sum(learner.steps for learner in shard.learners)
 

@@ -1,19 +1,25 @@
 """A simulated learner: the blocking parameter-server exchange (``pserver.roles.learner``) timed.
 
 A step is what ``Trainer.step`` does with ``PSExchange``: wait for the pull (none before the
-first minibatch: it runs on w0), fetch a minibatch, compute, push the gradient with the
-timestamp of the weights it came from and ask at once for newer weights. Which weights a pull
-asks for, and what a reply means, are decided by the learner's own ``PullRule`` and
-``PartialPull`` (``pserver.protocols.partial_pull``), as in a real learner. Its ``train`` row
-has the real row's columns; ``loss`` and ``error`` are NaN (nothing is computed; the dump's
-``simulated`` attribute says so).
+first minibatch: it runs on w0), fetch a minibatch, compute, push each live block's gradient to
+its shard with the timestamp of the block it came from, each followed at once by a pull request
+for that block unless one is still out (``PSExchange.push``). The pushes leave one after the
+other on the learner's link: block k arrives ``latency`` + the bytes of blocks 0..k /
+``bandwidth`` after the push began. Which weights a pull asks for, and what a reply means, are
+decided by the learner's own ``PullRule`` and ``PartialPull`` (``pserver.protocols.partial_pull``),
+as in a real learner: under partial pulling (PSP-SGD Algorithm 1, worker lines 7-15) it computes
+once ``ceil(b · blocks)`` of them came back fresh and ``tau2`` more seconds passed, keeping its
+copy of the others, whose requests stay out and are judged when they land. The learner stops
+once every block answered STOP, and says goodbye to every shard. Its ``train`` row has the real
+row's columns; ``loss`` and ``error`` are NaN (nothing is computed; the dump's ``simulated``
+attribute says so).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pserver.protocols.partial_pull import USE, PartialPull, PullRule
+from pserver.protocols.partial_pull import REFRESH, USE, PartialPull, PullRule
 from pserver.protocols.pull import Reply
 from pserver.sim.cores import Cores, Serial
 from pserver.sim.costs import Costs
@@ -41,27 +47,32 @@ class DataServer:
 
 class SimLearner:
     __slots__ = (
-        "index", "loop", "costs", "rows", "shard", "data", "partial", "rule", "have", "steps",
+        "index", "loop", "costs", "rows", "servers", "data", "partial", "rule", "have", "steps",
         "stopped", "asked", "pull_since", "ready_at", "inbox", "next_batch", "compute_time",
         "pull_time", "compute_now", "finished_at", "batch", "pulling", "train", "freezes",
-        "cores", "stats", "cpu_used", "began", "wait_since",
+        "cores", "stats", "cpu_used", "began", "wait_since", "timed", "out", "stops",
     )  # fmt: skip
 
     def __init__(
-        self, index: int, loop: Any, costs: Costs, rows: Rows, shard: Any, data: DataServer,
+        self, index: int, loop: Any, costs: Costs, rows: Rows, servers: Any, data: DataServer,
         rule: PullRule, fraction: float, tau2: float,
     ) -> None:  # fmt: skip
         self.index, self.loop, self.costs, self.rows = index, loop, costs, rows
-        self.shard, self.data, self.rule = shard, data, rule
-        self.partial = PartialPull(1, fraction, tau2)
-        self.have = 0  # every rank builds w0: a learner starts at timestamp 0 without a pull
+        self.servers, self.data, self.rule = servers, data, rule  # pserver.sim.servers.Servers
+        n_blocks = len(servers.blocks)
+        self.partial = PartialPull(n_blocks, fraction, tau2)
+        # every rank builds w0: a learner starts at timestamp 0 of every block without a pull
+        self.have = [0] * n_blocks
         self.steps = 0
-        self.stopped = False
-        self.asked = False  # a pull request is out
+        # per block, 1 where it answered STOP / has a pull request out (a bytearray, not a set:
+        # 100,000 learners' empty sets cost 50 MiB), and how many of each
+        self.stopped, self.stops = bytearray(n_blocks), 0
+        self.asked, self.out = bytearray(n_blocks), 0
         self.pulling = False  # waiting in a pull (``PSExchange.pull``)
         self.pull_since = 0.0
         self.ready_at = 0.0  # the end of a freeze or of the step's own overhead
-        self.inbox: list[tuple[Reply, int]] = []  # replies landed before the pull began
+        self.inbox: list[tuple[int, Reply, int]] = []  # replies landed before the pull began
+        self.timed = -1  # the iteration whose τ2 deadline has an event
         self.next_batch = 0.0
         self.compute_time = self.pull_time = self.compute_now = 0.0
         self.finished_at = 0.0
@@ -123,9 +134,7 @@ class SimLearner:
         sim = self.costs.sim
         freeze = self.costs.plan.freeze_for(self.index, self.steps) if self.freezes else 0.0
         self.steps += 1
-        self.asked = True
-        self.loop.after(self.costs.message(True), self.shard.push_and_pull, self.index,
-                        self.have, self.rule.push_iteration(), self.rule.oldest(self.have))
+        self.push()
         if self.stats is not None:
             self.stats.submit(sim.other_cpu)  # the statistics server takes the row
         if self.cores is not None:  # the step's CPU (overhead, sends and polls) after a freeze
@@ -134,6 +143,24 @@ class SimLearner:
             return
         self.ready_at = now + freeze + sim.step_overhead
         self.loop.after(freeze + sim.step_overhead, self.pull)
+
+    def push(self) -> None:
+        """``PSExchange.push``: every live block's gradient, in block order, each followed by
+        its pull request unless one is out (the shard reads them in that order)."""
+        servers, costs, have = self.servers, self.costs, self.have
+        iteration = self.rule.push_iteration()
+        sent = 0
+        for b, shard in enumerate(servers.of):
+            if self.stopped[b]:
+                continue
+            sent += servers.nbytes[b]
+            accepts = None
+            if not self.asked[b]:
+                self.asked[b] = 1
+                self.out += 1
+                accepts = self.rule.oldest(have[b])
+            self.loop.after(costs.sim.latency + costs.payload(sent), shard.push_and_pull,
+                            self.index, b, have[b], iteration, accepts)  # fmt: skip
 
     def step_shared(self) -> None:
         cpu = self.costs.step_cpu()
@@ -146,68 +173,102 @@ class SimLearner:
     # -- the pull (PSExchange.pull, on_reply) ----------------------------------------------------
 
     def pull(self) -> None:
+        """Ask each live block not asked yet for weights newer than ours; judge the replies
+        that landed meanwhile; wait until the partial pull is ready."""
+        now = self.loop.now
         self.pulling = True
-        self.pull_since = self.wait_since = self.loop.now
-        self.partial.start(self.loop.now, {0: self.rule.oldest(self.have)})
+        self.pull_since = self.wait_since = now
+        oldest, have = self.rule.oldest, self.have
+        live = [b for b in range(len(have)) if not self.stopped[b]]
+        self.partial.start(now, {b: oldest(have[b]) for b in live})
+        for b in live:
+            if not self.asked[b]:
+                self.ask(b)
         inbox, self.inbox = self.inbox, []
-        for kind, ts in inbox:
-            self.take(kind, ts)
+        for block, kind, ts in inbox:
+            self.take(block, kind, ts)
         self.check_done()
 
-    def on_reply(self, kind: Reply, ts: int) -> None:
-        if not self.pulling:  # landed during a freeze: read when the pull begins
-            self.inbox.append((kind, ts))
+    def on_reply(self, block: int, kind: Reply, ts: int) -> None:
+        if not self.pulling:  # landed while computing or frozen: read when the pull begins
+            self.inbox.append((block, kind, ts))
             return
         if self.costs.poll is not None:  # sim.polls: seen at the wait's next test
             waited = self.loop.now - self.wait_since
             late = self.costs.seen(waited) - waited
             if late > 0.0:
-                self.loop.after(late, self.on_seen, kind, ts)
+                self.loop.after(late, self.on_seen, block, kind, ts)
                 return
-        self.on_seen(kind, ts)
+        self.on_seen(block, kind, ts)
 
-    def on_seen(self, kind: Reply, ts: int) -> None:
-        self.take(kind, ts)
+    def on_seen(self, block: int, kind: Reply, ts: int) -> None:
+        if not self.pulling:  # seen after the pull ended (its τ2 ran out): the next one reads it
+            self.inbox.append((block, kind, ts))
+            return
+        self.take(block, kind, ts)
         self.check_done()
 
-    def take(self, kind: Reply, ts: int) -> None:
-        self.asked = False
+    def take(self, b: int, kind: Reply, ts: int) -> None:
+        """``PSExchange.on_reply`` for block ``b``."""
+        self.asked[b] = 0  # every reply answers the one request out for its block
+        self.out -= 1
         now = self.loop.now
         if kind is Reply.STOP:
-            self.stopped = True
-            self.partial.forget(0, now)
+            self.stopped[b] = 1
+            self.stops += 1
+            self.partial.forget(b, now)  # done: never wait for it again
         elif kind is Reply.CURRENT:
-            if not self.partial.on_block(0, ts, now):
-                self.ask()
+            # our copy is fresh enough, unless the iteration rule's requirement rose meanwhile
+            if not self.partial.on_block(b, ts, now):
+                self.ask(b)
         else:
-            verdict = self.partial.judge(0, ts, self.have, now)
+            verdict = self.partial.judge(b, ts, self.have[b], now)
             if verdict == USE:
-                self.have = ts
-            else:  # too old for this iteration (a newer copy still replaces ours): again
-                self.have = max(self.have, ts)
-                self.ask()
+                self.have[b] = ts
+            elif not self.stopped[b]:  # older than this iteration needs: ask again
+                if verdict == REFRESH:
+                    self.have[b] = ts
+                self.ask(b)
 
-    def ask(self) -> None:
-        self.asked = True
+    def ask(self, b: int) -> None:
+        self.asked[b] = 1
+        self.out += 1
         self.wait_since = self.loop.now
-        self.loop.after(self.costs.message(False), self.shard.arrive, PULL, self.index,
-                        self.have, self.rule.oldest(self.have))
+        self.loop.after(self.costs.message(False), self.servers.of[b].arrive, PULL, self.index,
+                        b, self.have[b], self.rule.oldest(self.have[b]))
 
     def check_done(self) -> None:
-        if self.asked and not self.partial.ready(self.loop.now):
+        """The pull's end (``PSExchange.pull``'s ``done``): no request out, or the partial pull
+        ready; else, once ``b`` of the blocks are in, an event at its ``tau2`` deadline."""
+        now = self.loop.now
+        partial = self.partial
+        if self.out and not partial.ready(now):
+            due = partial.deadline()
+            if due is not None and self.timed != partial.iteration:
+                self.timed = partial.iteration
+                if self.costs.poll is not None:  # seen at the wait's next test
+                    due = self.wait_since + self.costs.seen(due - self.wait_since)
+                self.loop.after(max(due - now, 0.0), self.on_deadline, partial.iteration)
             return
         self.pulling = False
-        if self.stopped:
+        self.rule.pulled({b: ts for b, ts in enumerate(self.have) if not self.stopped[b]})
+        if self.stops == len(self.have):
             self.finish()
             return
-        self.rule.pulled({0: self.have})
-        self.compute(self.loop.now - self.pull_since)
+        self.compute(now - self.pull_since)
+
+    def on_deadline(self, iteration: int) -> None:
+        """τ2 ran out in the pull of ``iteration`` (if that pull still waits)."""
+        if self.pulling and self.partial.iteration == iteration:
+            self.check_done()
 
     def finish(self) -> None:
-        """Goodbye to the shard (``PSLink.goodbye``) and the ``learners`` row."""
+        """Goodbye to every shard (``PSLink.goodbye``) and the ``learners`` row."""
         now = self.loop.now
         self.finished_at = now
-        self.loop.after(self.costs.message(False), self.shard.arrive, BYE, self.index, -1, None)
+        for shard in self.servers.shards:
+            self.loop.after(self.costs.message(False), shard.arrive, BYE, self.index, -1, -1,
+                            None)  # fmt: skip
         busy = self.compute_time + self.pull_time
         self.rows.add("learners", learner=self.index, minibatches=self.steps,
                       compute_time=self.compute_time, wait_time=self.pull_time,
