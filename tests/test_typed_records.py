@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pserver.ckpt.drivers.aggregator import AggregatorRecord
 from pserver.ckpt.drivers.lockstep import LockstepRecord
 from pserver.ckpt.files import State, read_state, write_state
+from pserver.ckpt.records.aggregator import AggregatorRecord
 
 
 def round_trip(state: State, path: Path) -> State:

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from pserver.ckpt.drivers.aggregator import departed_learners
 from pserver.ckpt.drivers.shm import host_copy
 from pserver.ckpt.files import State
+from pserver.ckpt.records.aggregator import departed_learners
 from pserver.ckpt.records.shard import block_state, restore_block
 from pserver.comm.inbox import Inbox
 from pserver.comm.payload import Payloads
@@ -245,7 +245,7 @@ class ServerShard:
             self.retire([])
 
     def on_retire(self, h: Header) -> None:
-        """A learner below an aggregator said goodbye (``pserver.ckpt.drivers.aggregator``)."""
+        """A learner below an aggregator said goodbye (``pserver.ckpt.records.aggregator``)."""
         self.retire([retired_learner(h.aux)])
 
     def retire(self, learners: list[int]) -> None:

@@ -65,7 +65,7 @@ class PullAnswers:
 
     def release_departed(self, st: BlockState, sender: int) -> None:
         """STOP to the pulls ``sender`` left held when it said goodbye, now: an aggregator
-        leaves a cut with its long polls out (``pserver.ckpt.drivers.aggregator``), and a learner
+        leaves a cut with its long polls out (``pserver.ckpt.records.aggregator``), and a learner
         under the iteration rule says goodbye before collecting its last answers
         (``pserver.ckpt.records.partial_pull``: they may ask for rounds only learners stopping too
         could fill). Other learners say goodbye with no pull held: nothing to do."""
