@@ -389,14 +389,17 @@ def server(ctx: Context, weights: np.ndarray) -> ServerShard:
 
 def learner(ctx: Context, weights: np.ndarray) -> Trainer:
     """A trainer with the exchange the strategy names for ``comm.mode``."""
-    from pserver.roles.prefetch import Prefetcher
+    from pserver.roles.prefetch import DataSource, Prefetcher
     from pserver.roles.trainer import Trainer
 
     strategy = lookup(ctx.cfg.protocol.name)
     if not strategy.ranks.servers:  # the learner owns the model: it lives on its device
         weights = ctx.xp.asarray(weights)
     exchange = strategy.exchange(ctx.cfg.comm.mode)
-    return Trainer(ctx, EXCHANGES[exchange]()(ctx, weights), Prefetcher(ctx))
+    d = ctx.cfg.data
+    source = DataSource(ctx.channels.io, ctx.layout.data, ctx.rank, d.batch_size,
+                        ctx.dataset.n_features, d.prefetch, ctx.backend, ctx.log)  # fmt: skip
+    return Trainer(ctx, EXCHANGES[exchange]()(ctx, weights), Prefetcher(source, ctx.waiter()))
 
 
 def aggregator(ctx: Context, weights: np.ndarray) -> Aggregator:

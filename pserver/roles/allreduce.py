@@ -161,7 +161,8 @@ class SyncExchange(Exchange):
         self.allreduce = allreducer(ctx, self.model, weights)
         self.steps = 0
         self.have = {0: 0}  # the model's version (for the divergence report)
-        self.vote = stop_vote(ctx, self.waiter)  # where a signal stops every learner
+        # where a signal stops every learner
+        self.vote = stop_vote(ctx.cfg, ctx.learner_comm, self.waiter)
         self.regroup = regroup(ctx, self.model, self.allreduce)  # a lost learner (ULFM)
         if self.regroup is not None:
             self.regroup.vote = self.vote

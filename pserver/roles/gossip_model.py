@@ -59,6 +59,7 @@ from pserver.protocols.epochs import EpochCounter
 from pserver.protocols.lockstep import total_minibatches
 from pserver.protocols.ring import averages_again, sum_to_mean
 from pserver.roles.model_report import ModelReport
+from pserver.roles.snapshots import StatsLink
 
 #: what a failed average raises: the MPI error, or the allreducer's wrapping of a learner's
 #: loss (``pserver.comm.collectives.fail_fast``); either breaks the ring (module docstring)
@@ -87,7 +88,11 @@ class GossipModel:
             comm, ctx.backend, self.waiter, weights.size, weights.dtype,
             bucket_mib=ctx.cfg.comm.bucket_mib, staging=ctx.cfg.comm.staging,
         )  # fmt: skip
-        self.report = ModelReport(ctx, weights.dtype)
+        link = StatsLink(ctx.channels.stats, ctx.layout.stats, ctx.rank, ctx.cfg.run.epochs,
+                         ctx.backend)  # fmt: skip
+        nbytes = ctx.model.n_params * ctx.model.dtype.itemsize
+        self.report = ModelReport(link, ctx.layout.index(ctx.rank), ctx.blocks, nbytes,
+                                  weights.dtype)  # fmt: skip
         self.due: deque[int] = deque()  # tested epochs (< the last) not yet averaged
         self.inflight: tuple[int, int, Handle] | None = None  # epoch, step, handle
         self.cut = CutAgreement(comm, self.waiter)  # collective: every learner builds one now

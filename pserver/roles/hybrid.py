@@ -67,7 +67,8 @@ class HybridExchange(Exchange):
         self.steps = 0
         self.have = {0: 0}
         self.backend, self.on_device = ctx.backend, False
-        self.vote = stop_vote(ctx, self.waiter)  # where a signal stops every learner
+        # where a signal stops every learner
+        self.vote = stop_vote(ctx.cfg, ctx.learner_comm, self.waiter)
         self.cut = HybridCut(self.model)  # the model before the last landing, for checkpoints
         self.regroup = regroup(ctx, self.model, self.allreduce)  # a lost learner (ULFM)
         if self.regroup is not None:

@@ -50,7 +50,8 @@ class LocalStepsExchange(Exchange):
         lay, cfg = ctx.layout, ctx.cfg
         per = (len(lay.learners), self.tau, cfg.data.batch_size, ctx.train_size)
         self.rule = LocalRule(cfg.optim, self.w.size, self.xp, self.w.dtype, per)
-        self.vote = stop_vote(ctx, self.waiter)  # the block at whose start a signal stops all
+        # the block at whose start a signal stops all
+        self.vote = stop_vote(ctx.cfg, ctx.learner_comm, self.waiter)
 
     def weights(self) -> Any | None:
         if self.local == 0:  # a block starts from the global model

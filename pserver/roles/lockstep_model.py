@@ -20,6 +20,7 @@ from pserver.optim.local_update import LocalUpdate
 from pserver.protocols.lockstep import ModelVersion, RunPlan
 from pserver.roles.drift import Drift
 from pserver.roles.model_report import ModelReport
+from pserver.roles.snapshots import StatsLink
 from pserver.runtime.context import Context
 
 
@@ -33,7 +34,11 @@ class LockstepModel:
         self.plan = RunPlan.from_config(ctx.cfg, ctx.train_size, self.n_learners)
         # IBM Fig. 3a: the average of λ local steps at α0 = one step at α0 with the average
         self.update = LocalUpdate(ctx.cfg.optim, weights.size, ctx.xp, weights.dtype)
-        self.report = ModelReport(ctx, weights.dtype)
+        link = StatsLink(ctx.channels.stats, ctx.layout.stats, ctx.rank, ctx.cfg.run.epochs,
+                         ctx.backend)  # fmt: skip
+        nbytes = ctx.model.n_params * ctx.model.dtype.itemsize
+        self.report = ModelReport(link, ctx.layout.index(ctx.rank), ctx.blocks, nbytes,
+                                  weights.dtype)  # fmt: skip
         # a lost learner (ULFM) ends a drift check with CollectiveLost (the exchange regroups)
         fail_fast = FailFastWaiter(self.waiter)
         self.drift = Drift(comm, ctx.backend, fail_fast, weights.size, weights.dtype)  # type: ignore[arg-type]

@@ -25,7 +25,7 @@ from pserver.plan.topology import Block
 from pserver.protocols.bmuf_block import SHARD_BLOCKS
 from pserver.protocols.shard_block import ShardBlock
 from pserver.roles.shard_versions import ServedVersions
-from pserver.roles.snapshots import Snapshots, snapshot_queue
+from pserver.roles.snapshots import Snapshots, StatsLink, snapshot_queue
 from pserver.runtime.context import Context
 from pserver.strategies.serving import Serving, serving
 
@@ -109,7 +109,9 @@ class BlockBuilder:
         if mode.produced:
             arith.serve(served)  # f_S(w0, 0) = w0
             versions.served_ts = arith.ts
-        return BlockState(b, arith, versions, Snapshots(ctx, b.index, b.size, dtype, depth))
+        link = StatsLink(ctx.channels.stats, ctx.layout.stats, ctx.rank, ctx.cfg.run.epochs,
+                         ctx.backend)  # fmt: skip
+        return BlockState(b, arith, versions, Snapshots(link, b.index, b.size, dtype, depth))
 
     def version_limit(self) -> int:
         """Buffers per block (``comm.versions``; 0: one per reader plus the current one, so a
