@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from pserver.comm.waiting import PeerLog
     from pserver.roles.aggregator import Aggregator
     from pserver.roles.dataserver import DataServer
+    from pserver.roles.exchange import LearnerSide
     from pserver.roles.server import ServerShard
     from pserver.roles.statserver import StatsServer
     from pserver.roles.trainer import Trainer
@@ -399,7 +400,20 @@ def learner(ctx: Context, weights: np.ndarray) -> Trainer:
     d = ctx.cfg.data
     source = DataSource(ctx.channels.io, ctx.layout.data, ctx.rank, d.batch_size,
                         ctx.dataset.n_features, d.prefetch, ctx.backend, ctx.log)  # fmt: skip
-    return Trainer(ctx, EXCHANGES[exchange]()(ctx, weights), Prefetcher(source, ctx.waiter()))
+    built = EXCHANGES[exchange]()(learner_side(ctx), weights)
+    return Trainer(ctx, built, Prefetcher(source, ctx.waiter()))
+
+
+def learner_side(ctx: Context) -> LearnerSide:
+    """What a learner's exchange reads of the run (``pserver.roles.exchange.LearnerSide``)."""
+    from pserver.roles.exchange import LearnerSide
+
+    m = ctx.model
+    return LearnerSide(
+        ctx.cfg, ctx.layout, ctx.rank, ctx.blocks, ctx.train_size,
+        m.n_params * m.dtype.itemsize, ctx.backend, ctx.channels, ctx.peers, ctx.log, ctx.shm,
+        ctx.runtime.learners, ctx.resume is not None, ctx.now, ctx.waiter,
+    )  # fmt: skip
 
 
 def aggregator(ctx: Context, weights: np.ndarray) -> Aggregator:
