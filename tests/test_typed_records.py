@@ -175,3 +175,34 @@ def test_the_block_and_predictor_records_round_trip_in_the_layout_of_before(
 def test_a_malformed_record_is_refused_with_a_line_naming_the_field(read, said) -> None:  # noqa: ANN001
     with pytest.raises(CheckpointError, match=f"^{said}"):
         read()
+
+
+def test_the_resume_check_reads_a_shard_block_through_its_record(tmp_path: Path) -> None:
+    """A shard's block record is read by ``check_state`` before training, as its restore will
+    read it: a malformed round accounting is one line there, not a crash after start-up."""
+    from types import SimpleNamespace
+
+    from pserver.ckpt.files import Manifest
+    from pserver.ckpt.resume import Resume, check_state
+    from pserver.plan.config import Config
+    from pserver.plan.topology import Block, Role
+
+    cfg = Config()
+    cfg.protocol.name, cfg.optim.rule, cfg.data.batch_size = "hardsync", "momentum", 4
+    b = ShardBlock.build(np.linspace(-1, 1, 10).astype(np.float32), cfg, 2, 16, np)
+    assert getattr(b.protocol, "rounds", None) is not None  # hardsync keeps its rounds
+    arrays, attrs = block_state(b, 0, np.array)
+    block = Block(index=0, start=0, stop=10, shard=0)
+    plan = SimpleNamespace(
+        cfg=cfg, rank=0, role=Role.SERVER, model=SimpleNamespace(dtype=np.float32),
+        layout=SimpleNamespace(index=lambda rank: 0), blocks_of=lambda shard: [block],
+    )  # fmt: skip
+
+    def resume(block_attrs: dict) -> Resume:
+        state = State(arrays, {"role": "server", "shard": 0, "blocks": {"0": block_attrs}})
+        return Resume(tmp_path, Manifest(0, 1, 0.0, {}, {}), state)
+
+    check_state(plan, resume(attrs))  # type: ignore[arg-type]  # the record as written passes
+    bad = {**attrs, "rounds": {"latest": [[0, "x"]]}}
+    with pytest.raises(CheckpointError, match=r"block 0: the checkpoint's 'latest\[0\]\[1\]'"):
+        check_state(plan, resume(bad))  # type: ignore[arg-type]
