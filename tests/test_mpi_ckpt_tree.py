@@ -1,5 +1,5 @@
 """Checkpoints with Rudra-adv's aggregator tree and the learner broadcast tree, on real mpiexec
-jobs (docs/checkpoints.md, *Trees*; pserver/ckpt/drivers/aggregator.py, pserver/roles/bcast.py).
+jobs (docs/checkpoints.md, *Trees*; pserver/ckpt/records/aggregator.py, pserver/roles/bcast.py).
 
 Both trees were refused (``--resume``, ``run.checkpoint_interval``) and a SIGTERM killed them.
 What is exact: λ = 1 hardsync under an aggregator is deterministic (each relayed sum is the one

@@ -26,7 +26,7 @@ def exchange(window: InflightWindow | None = None) -> SimpleNamespace:
     """The attributes of an OverlapExchange that the pipeline reads and writes."""
     backend = SimpleNamespace(to_host=np.asarray, copy_from_host=lambda h, out: np.copyto(out, h))
     return SimpleNamespace(
-        ctx=SimpleNamespace(backend=backend),
+        side=SimpleNamespace(backend=backend),
         link=SimpleNamespace(w=np.zeros(N, np.float32), w_comm=np.zeros(N, np.float32)),
         grads=[np.zeros(N, np.float32), np.zeros(N, np.float32)],
         have={0: 0, 1: 0}, arrived={}, current=set(), stopped=set(),

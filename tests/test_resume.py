@@ -113,7 +113,7 @@ def test_the_shm_transport_is_checkpointed():
                                            ("bcast_fanout", "learner broadcast tree")])
 def test_trees_are_checkpointed_and_a_changed_fanout_is_refused_by_name(key, tree):
     """Both trees were refused (``unsupported`` named them) before their cut was drained
-    (pserver.ckpt.drivers.aggregator, pserver.roles.bcast); a resume must keep the fan-out."""
+    (pserver.ckpt.records.aggregator, pserver.roles.bcast); a resume must keep the fan-out."""
     from pserver.ckpt.files import CheckpointError
     from pserver.ckpt.resume import check_trees
 
@@ -131,7 +131,7 @@ def test_trees_are_checkpointed_and_a_changed_fanout_is_refused_by_name(key, tre
 
 
 def test_the_learners_below_an_aggregator_are_its_subtrees():
-    from pserver.ckpt.drivers.aggregator import departed_learners, subtree_learners
+    from pserver.ckpt.records.aggregator import departed_learners, subtree_learners
     from pserver.plan.topology import make_layout
 
     cfg = Config()

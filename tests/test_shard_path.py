@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from pserver.plan.config import Config
@@ -20,12 +18,8 @@ class Window:
         return self.single and server in self.local
 
 
-def ctx(rank: int, shm: Window | None) -> SimpleNamespace:
-    return SimpleNamespace(rank=rank, shm=shm, cfg=Config())
-
-
 def test_messages_share_nothing_and_may_stage():
-    path = ShardPath.of(ctx(0, None), staged=True)
+    path = ShardPath.of(Config(), 0, None, staged=True)
     assert path.shm is None and not path.window_peers and not path.zero_copy
     assert not path.shared(3) and not path.lends(3)
     assert path.mode.staged and not path.mode.sends_read_w
@@ -34,7 +28,7 @@ def test_messages_share_nothing_and_may_stage():
 @pytest.mark.parametrize("single", [True, False])
 def test_a_window_serves_its_local_learners_only(single):
     window = Window({0: [3, 4]}, single)
-    path = ShardPath.of(ctx(0, window), staged=True)
+    path = ShardPath.of(Config(), 0, window, staged=True)
     assert path.shm is window and path.window_peers == {3, 4}
     assert path.shared(3) and not path.shared(5)
     assert path.lends(4) == single and not path.lends(5)
@@ -44,5 +38,5 @@ def test_a_window_serves_its_local_learners_only(single):
 
 
 def test_a_shard_outside_the_window_uses_messages():
-    path = ShardPath.of(ctx(1, Window({0: [3]}, True)), staged=False)
+    path = ShardPath.of(Config(), 1, Window({0: [3]}, True), staged=False)
     assert path.shm is None and not path.shared(3) and not path.lends(3)

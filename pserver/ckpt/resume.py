@@ -54,6 +54,7 @@ from pserver.ckpt.records.partial_pull import keeps_copies
 from pserver.ckpt.records.pipeline import check_pipeline
 from pserver.ckpt.records.prediction import check_predictor
 from pserver.ckpt.records.quota import check_quota
+from pserver.ckpt.records.shard import BlockRecord
 from pserver.plan.config import Config
 from pserver.strategies import lookup, names
 from pserver.strategies.base import LOCAL_STEPS, PS, PS_OVERLAP
@@ -348,8 +349,13 @@ def check_state(plan: RankPlan, resume: Resume) -> None:
                 expect(state, f"opt{b.index}.{name}", (b.size,), dtype, where)
             if str(b.index) not in state.attrs.get("blocks", {}):
                 raise CheckpointError(f"{where}: the checkpoint lacks block {b.index}'s state")
-            if serving(plan.cfg).predicts:  # PP-ASGD's predictor (pserver.ckpt.records.prediction)
+            predicts = serving(plan.cfg).predicts
+            if predicts:  # PP-ASGD's predictor (pserver.ckpt.records.prediction)
                 check_predictor(plan.cfg, state, b, where)
+            # the block's record as its restore reads it (rounds, counters, predictor)
+            saved = State(state.arrays, state.attrs["blocks"][str(b.index)])
+            probed = predicts and bool(plan.cfg.protocol.predict_probe)
+            BlockRecord.from_state(saved, b.index, list(names), predicts, probed, where)
     elif role is Role.DATA:
         sampler = state.attrs.get("sampler", {})
         batch, n = plan.cfg.data.batch_size, plan.train_size

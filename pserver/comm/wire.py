@@ -38,7 +38,7 @@ class Tag(enum.IntEnum):
     SERVER_BYE = 10  # server -> stats server: the shard is finished
     CLOCK = 11  # aggregator -> parent, right after a PUSH with aux = n: n (learner, timestamp)
     # aggregator -> parent: learner ``aux`` (its index) said goodbye below us: a round no longer
-    # waits for it (hardsync's Rounds.retire at a cut, pserver.ckpt.drivers.aggregator)
+    # waits for it (hardsync's Rounds.retire at a cut, pserver.ckpt.records.aggregator)
     RETIRE = 12
     # learner -> server: a PUSH with aux 0 (block rule) and the PULL of the same block that
     # would follow it at once, in one header: aux = pull_aux(oldest it accepts); the gradient

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from pserver.comm.waiting import PeerLog
     from pserver.roles.aggregator import Aggregator
     from pserver.roles.dataserver import DataServer
+    from pserver.roles.exchange import LearnerSide
     from pserver.roles.server import ServerShard
     from pserver.roles.statserver import StatsServer
     from pserver.roles.trainer import Trainer
@@ -389,14 +390,30 @@ def server(ctx: Context, weights: np.ndarray) -> ServerShard:
 
 def learner(ctx: Context, weights: np.ndarray) -> Trainer:
     """A trainer with the exchange the strategy names for ``comm.mode``."""
-    from pserver.roles.prefetch import Prefetcher
+    from pserver.roles.prefetch import DataSource, Prefetcher
     from pserver.roles.trainer import Trainer
 
     strategy = lookup(ctx.cfg.protocol.name)
     if not strategy.ranks.servers:  # the learner owns the model: it lives on its device
         weights = ctx.xp.asarray(weights)
     exchange = strategy.exchange(ctx.cfg.comm.mode)
-    return Trainer(ctx, EXCHANGES[exchange]()(ctx, weights), Prefetcher(ctx))
+    d = ctx.cfg.data
+    source = DataSource(ctx.channels.io, ctx.layout.data, ctx.rank, d.batch_size,
+                        ctx.dataset.n_features, d.prefetch, ctx.backend, ctx.log)  # fmt: skip
+    built = EXCHANGES[exchange]()(learner_side(ctx), weights)
+    return Trainer(ctx, built, Prefetcher(source, ctx.waiter()))
+
+
+def learner_side(ctx: Context) -> LearnerSide:
+    """What a learner's exchange reads of the run (``pserver.roles.exchange.LearnerSide``)."""
+    from pserver.roles.exchange import LearnerSide
+
+    m = ctx.model
+    return LearnerSide(
+        ctx.cfg, ctx.layout, ctx.rank, ctx.blocks, ctx.train_size,
+        m.n_params * m.dtype.itemsize, ctx.backend, ctx.channels, ctx.peers, ctx.log, ctx.shm,
+        ctx.runtime.learners, ctx.resume is not None, ctx.now, ctx.waiter,
+    )  # fmt: skip
 
 
 def aggregator(ctx: Context, weights: np.ndarray) -> Aggregator:

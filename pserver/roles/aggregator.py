@@ -11,7 +11,7 @@ version it
 reads, the parent's next weights land in a buffer no send reads, and a child that does not call
 into MPI (slow, stopped) keeps only its own version: the aggregator never waits for it.
 
-At a checkpoint's cut (its record: ``pserver.ckpt.drivers.aggregator``):
+At a checkpoint's cut (its record: ``pserver.ckpt.records.aggregator``):
 
 **No gradient lost or applied twice.** A learner stops at a step boundary (a signal, a periodic
 pause: ``pserver.roles.trainer``) with every push sent and says goodbye to its aggregator after
@@ -59,8 +59,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from pserver.ckpt.drivers.aggregator import NOT_CACHED, AggregatorRecord
 from pserver.ckpt.files import State
+from pserver.ckpt.records.aggregator import NOT_CACHED, AggregatorRecord
 from pserver.comm.inbox import Inbox
 from pserver.comm.payload import Payloads
 from pserver.comm.wire import (
@@ -138,7 +138,7 @@ class Aggregator:
         self.bytes_in = self.bytes_out = 0
         self.handlers = {Tag.PUSH: self.on_push, Tag.PULL: self.on_pull, Tag.BYE: self.on_bye,
                          Tag.RETIRE: self.on_retire}
-        if ctx.resume is not None:  # checkpoints: pserver.ckpt.drivers.aggregator
+        if ctx.resume is not None:  # checkpoints: pserver.ckpt.records.aggregator
             self.restore(ctx.resume.state)
 
     def make_relay(self, b: Block, parent: int, weights: Any) -> Relay:

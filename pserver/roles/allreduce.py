@@ -48,16 +48,15 @@ from pserver.ckpt.drivers.lockstep import model_state, restore_model
 from pserver.ckpt.files import State
 from pserver.comm.collectives import Allreducer, CollectiveLost, gone, reconcile, survivable
 from pserver.comm.waiting import ALLREDUCE_PEERS
-from pserver.roles.exchange import Exchange
+from pserver.roles.exchange import Exchange, LearnerSide
 from pserver.roles.lockstep_model import LockstepModel
 from pserver.roles.stop_vote import stop_vote
-from pserver.runtime.context import Context
 
 
-def allreducer(ctx: Context, model: LockstepModel, weights: Any) -> Allreducer:
-    c = ctx.cfg.comm
+def allreducer(side: LearnerSide, model: LockstepModel, weights: Any) -> Allreducer:
+    c = side.cfg.comm
     return Allreducer(
-        ctx.learner_comm, ctx.backend, model.waiter, weights.size, weights.dtype,
+        side.learner_comm, side.backend, model.waiter, weights.size, weights.dtype,
         bucket_mib=c.bucket_mib, staging=c.staging,
     )  # fmt: skip
 
@@ -66,13 +65,13 @@ class Regroup:
     """The survivors' regroup after a lost learner (ULFM; see the module docstring). None
     of it runs without departures: then a lost learner ends the job as before."""
 
-    def __init__(self, ctx: Context, model: LockstepModel, allreduce: Allreducer) -> None:
-        self.ctx, self.model, self.allreduce = ctx, model, allreduce
-        self.xp, self.backend = ctx.xp, ctx.backend
+    def __init__(self, side: LearnerSide, model: LockstepModel, allreduce: Allreducer) -> None:
+        self.side, self.model, self.allreduce = side, model, allreduce
+        self.xp, self.backend = side.xp, side.backend
         w = model.w
-        self.own = ctx.xp.empty_like(w)  # this step's own gradient (the sum is in place)
+        self.own = side.xp.empty_like(w)  # this step's own gradient (the sum is in place)
         self.last = np.empty(w.size, dtype=w.dtype)  # the last sum applied, for a survivor behind
-        self.world = ctx.peers.departures.world  # regroup() makes one only with departures
+        self.world = side.peers.departures.world  # regroup() makes one only with departures
         self.vote: Any = None  # the exchange's stop vote, turned off at a regroup
 
     def keep(self, g: Any) -> None:
@@ -114,9 +113,9 @@ class Regroup:
         m.drift.comm = new
         m.report.sends = new.Get_rank() == 0  # the first learner left reports the model
         self.allreduce.rebind(new)
-        names = ", ".join(self.ctx.peers.name(r) for r in lost) if lost else "a learner"
+        names = ", ".join(self.side.peers.name(r) for r in lost) if lost else "a learner"
         took = f"took the others' sum of step {lo}, then " if applied < hi else ""
-        self.ctx.log.warning(
+        self.side.log.warning(
             "learners regrouped after losing %s (%s): λ %d -> %d; %sthe sum of step %d is "
             "redone over the survivors", names, error if error is not None else "end agreement",
             before, m.n_learners, took, hi,
@@ -142,9 +141,9 @@ class Regroup:
                 applied = hi
 
 
-def regroup(ctx: Context, model: LockstepModel, allreduce: Allreducer) -> Regroup | None:
+def regroup(side: LearnerSide, model: LockstepModel, allreduce: Allreducer) -> Regroup | None:
     """A :class:`Regroup` where the run survives a lost learner (ULFM), else None."""
-    return Regroup(ctx, model, allreduce) if ctx.peers.departures is not None else None
+    return Regroup(side, model, allreduce) if side.peers.departures is not None else None
 
 
 class SyncExchange(Exchange):
@@ -154,15 +153,16 @@ class SyncExchange(Exchange):
     freeze_after_weights = False
     relayed_bytes = 0
 
-    def __init__(self, ctx: Context, weights: Any) -> None:
-        self.model = LockstepModel(ctx, weights)
+    def __init__(self, side: LearnerSide, weights: Any) -> None:
+        self.model = LockstepModel(side, weights)
         self.waiter = self.model.waiter
-        self.grad = ctx.xp.empty_like(weights)
-        self.allreduce = allreducer(ctx, self.model, weights)
+        self.grad = side.xp.empty_like(weights)
+        self.allreduce = allreducer(side, self.model, weights)
         self.steps = 0
         self.have = {0: 0}  # the model's version (for the divergence report)
-        self.vote = stop_vote(ctx, self.waiter)  # where a signal stops every learner
-        self.regroup = regroup(ctx, self.model, self.allreduce)  # a lost learner (ULFM)
+        # where a signal stops every learner
+        self.vote = stop_vote(side.cfg, side.learner_comm, self.waiter)
+        self.regroup = regroup(side, self.model, self.allreduce)  # a lost learner (ULFM)
         if self.regroup is not None:
             self.regroup.vote = self.vote
 
@@ -222,7 +222,7 @@ class SyncExchange(Exchange):
         self.land(self.grad, waited, contributions, drift=False)
 
     def backend_copy(self, host: np.ndarray, out: Any) -> None:
-        self.model.ctx.backend.copy_from_host(host, out)
+        self.model.side.backend.copy_from_host(host, out)
 
     def staleness(self) -> tuple[float, int]:
         return 0.0, 0

@@ -48,24 +48,24 @@ from pserver.comm.wire import (
 from pserver.plan.topology import Block
 from pserver.protocols.pull import pull_answer
 from pserver.protocols.versions import VersionPool, release_completed
+from pserver.roles.exchange import LearnerSide
 from pserver.roles.pslink import PSLink
-from pserver.runtime.context import Context
 
 
 class Children:
-    def __init__(self, ctx: Context, link: PSLink) -> None:
-        self.ctx, self.ch, self.link, self.xp = ctx, ctx.channels, link, ctx.xp
-        self.kids = {r for r, p in ctx.layout.bcast_parent.items() if p == ctx.rank}
+    def __init__(self, side: LearnerSide, link: PSLink) -> None:
+        self.side, self.ch, self.link, self.xp = side, side.channels, link, side.xp
+        self.kids = {r for r, p in side.layout.bcast_parent.items() if p == side.rank}
         self.live = set(self.kids)
         self.hbuf = header_buffer()
         self.waiting: list[Header] = []  # pulls for weights newer than ours
         self.serving: list[tuple[MPI.Request, int]] = []  # (weight send to a child, ticket)
         self.starved: list[Header] = []  # pulls held until a version is free
-        limit = (ctx.cfg.comm.versions or 1 + len(self.kids)) + 1  # + the one pulled into
+        limit = (side.cfg.comm.versions or 1 + len(self.kids)) + 1  # + the one pulled into
         self.pool = VersionPool(limit)
         self.bufs = [link.w, link.w_comm]
         self.incoming = self.pool.reserve()  # w_comm: where the next model arrives
-        self.relay = Payloads(ctx.backend, link.blocks, link.w.dtype, ctx.cfg.comm.staging)
+        self.relay = Payloads(side.backend, link.blocks, link.w.dtype, side.cfg.comm.staging)
         self.relayed_bytes = 0
         self.leaving = False  # we stopped at a cut: a pull we would hold is answered LEFT
 
@@ -91,7 +91,7 @@ class Children:
         return changed
 
     def on_message(self, h: Header) -> None:
-        self.ctx.peers.note(h.sender, h)
+        self.side.peers.note(h.sender, h)
         if h.kind is Tag.BYE:
             self.live.discard(h.sender)
         elif h.kind is Tag.PULL:
@@ -128,7 +128,7 @@ class Children:
 
     def reply(self, dest: int, b: Block, ts: int, kind: Reply) -> None:
         out = self.link.out[0]
-        Header(Tag.REPLY, b.index, ts, self.ctx.rank, reply_aux(kind)).pack(out)
+        Header(Tag.REPLY, b.index, ts, self.side.rank, reply_aux(kind)).pack(out)
         self.ch.down.Send(out, dest, reply_tag(b.index))
 
     def answer(self) -> None:

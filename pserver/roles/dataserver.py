@@ -26,6 +26,7 @@ from pserver.ckpt.files import State
 from pserver.ckpt.records.quota import quota_state, restore_quota
 from pserver.comm.inbox import Inbox
 from pserver.comm.wire import Tag, WireError, bye_consumed
+from pserver.plan.config import Config
 from pserver.protocols.epochs import EpochCounter
 from pserver.protocols.lockstep import FREE, LOCKSTEP, DataQuota, LockstepDraws, total_minibatches
 from pserver.runtime.context import Context
@@ -35,13 +36,13 @@ NO_X = np.empty((0, 0), dtype=np.float32)  # the stop: an empty minibatch
 NO_Y = np.empty(0, dtype=np.int64)
 
 
-def quota(ctx: Context) -> DataQuota | None:
+def quota(cfg: Config, train_size: int, n_learners: int) -> DataQuota | None:
     """The learners-only strategies' quota; None (serve every request) with server shards."""
-    s = lookup(ctx.cfg.protocol.name)
+    s = lookup(cfg.protocol.name)
     if s.ranks.servers:
         return None
     kind = LOCKSTEP if s.lockstep else FREE
-    return DataQuota(kind, total_minibatches(ctx.cfg, ctx.train_size), len(ctx.layout.learners))
+    return DataQuota(kind, total_minibatches(cfg, train_size), n_learners)
 
 
 class DataServer:
@@ -60,7 +61,7 @@ class DataServer:
         self.served = 0
         self.fingerprint: str | None = None  # SHA-256 of X, y: computed at the first checkpoint
         self.epochs = EpochCounter.from_config(ctx.cfg, ctx.train_size)
-        self.quota = quota(ctx)
+        self.quota = quota(ctx.cfg, ctx.train_size, len(ctx.layout.learners))
         lockstep = self.quota is not None and self.quota.kind == LOCKSTEP
         n = len(ctx.layout.learners)
         self.draws = LockstepDraws(n, self.sampler.next) if lockstep else None

@@ -23,12 +23,69 @@ leave a pull when a stop is asked (partial pulling's iteration rule).
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from pserver.ckpt.files import State
-from pserver.comm.waiting import Waiter
+from pserver.comm.waiting import PeerLog, Waiter
+from pserver.roles.snapshots import StatsLink
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from mpi4py import MPI
+
+    from pserver.comm.backend import Backend
+    from pserver.comm.channels import Channels
+    from pserver.comm.shm import SharedWindows
+    from pserver.plan.config import Config
+    from pserver.plan.topology import Block, Layout
+    from pserver.runtime.context import LearnerComm
+
+
+@dataclass(frozen=True)
+class LearnerSide:
+    """What a learner's exchange and its parts (``PSLink``, ``Children``, ``LockstepModel``,
+    ``GossipModel``, the allreducer, the regroup) read of the run, built once from the context
+    by ``pserver.job.cli``: the config, the layout and this rank, the parameter blocks, the
+    training set's size, the model's bytes, the backend, the channels, the waits' peer log, the
+    log, the shared windows (``comm.transport = "shm"``), the learners' communicator (its
+    holder: ADPSGD's ring repair replaces it), whether this rank resumes from a checkpoint
+    (its state reaches the exchange through ``restore``), the run's clock and a new Waiter.
+    Not the dataset, the model, the checkpoint's state, the nodes or the run directory."""
+
+    cfg: Config
+    layout: Layout
+    rank: int
+    blocks: tuple[Block, ...]
+    train_size: int
+    model_bytes: int  # the whole model's parameters (the snapshot queue's depth)
+    backend: Backend
+    channels: Channels
+    peers: PeerLog
+    log: logging.Logger
+    shm: SharedWindows | None
+    learners: LearnerComm
+    resumed: bool
+    now: Callable[[], float]  # seconds since the common start
+    waiter: Callable[[], Waiter]  # a new Waiter with the run's back-off
+
+    @property
+    def xp(self) -> ModuleType:
+        return self.backend.xp
+
+    @property
+    def learner_comm(self) -> MPI.Comm | None:
+        return self.learners.comm
+
+    def stats_link(self) -> StatsLink:
+        """Where this learner's model snapshots go (``ModelReport``)."""
+        return StatsLink(
+            self.channels.stats, self.layout.stats, self.rank, self.cfg.run.epochs, self.backend
+        )
 
 
 class Exchange(ABC):

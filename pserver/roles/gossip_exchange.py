@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pserver.roles.exchange import Exchange
+from pserver.roles.exchange import Exchange, LearnerSide
 from pserver.roles.gossip import Gossip
 
 
@@ -22,24 +22,24 @@ class GossipExchange(Exchange):
     freeze_after_weights = False
     relayed_bytes = 0  # weights forwarded for others: none (an exchange is one's own model)
 
-    def __init__(self, ctx: Any, weights: Any) -> None:
+    def __init__(self, side: LearnerSide, weights: Any) -> None:
         from pserver.comm.backend import StagingBuffers
         from pserver.comm.payload import staged
         from pserver.optim.local_update import LocalUpdate
         from pserver.roles.gossip_model import GossipModel
 
-        cfg, xp = ctx.cfg, ctx.xp
-        if ctx.learner_comm is None:
+        cfg, xp = side.cfg, side.xp
+        if side.learner_comm is None:
             raise RuntimeError("ADPSGD needs the learners' communicator")
-        self.waiter = ctx.waiter()
+        self.waiter = side.waiter()
         self.grad = xp.empty_like(weights)
         self.have: dict[int, int] = {}
         self.records: Any = None
         # scale 1: one's own gradient
         self.rule = rule = LocalUpdate(cfg.optim, weights.size, xp, weights.dtype)
-        self.backend = ctx.backend
-        self.ctx = ctx
-        batch, n_train = cfg.data.batch_size, ctx.train_size
+        self.backend = side.backend
+        self.side = side
+        batch, n_train = cfg.data.batch_size, side.train_size
 
         def apply(w: Any, g: Any, step: int) -> None:
             # the epoch of this learner's step: λ learners at its pace took step·λ minibatches
@@ -47,15 +47,15 @@ class GossipExchange(Exchange):
             rule.step(w, g, self.average.minibatches(step) * batch / n_train)
 
         stage = None
-        if staged(ctx.backend, cfg.comm.staging):
-            stage = StagingBuffers(ctx.backend, [weights.size] * 2, weights.dtype)
+        if staged(side.backend, cfg.comm.staging):
+            stage = StagingBuffers(side.backend, [weights.size] * 2, weights.dtype)
         self.gossip = Gossip(
-            ctx.learner_comm, xp, self.waiter, weights, apply,
-            threaded=True, stage=stage, synchronize=ctx.backend.synchronize,  # every comm.mode
-            now=ctx.now, activate=ctx.backend.activate,
-            start=getattr(ctx, "resume", None) is None,  # resumed: once restored (restore())
+            side.learner_comm, xp, self.waiter, weights, apply,
+            threaded=True, stage=stage, synchronize=side.backend.synchronize,  # every comm.mode
+            now=side.now, activate=side.backend.activate,
+            start=not side.resumed,  # resumed: once restored (restore())
         )  # fmt: skip
-        self.average = GossipModel(ctx, weights, self.gossip.lock)
+        self.average = GossipModel(side, weights, self.gossip.lock)
         g, avg = self.gossip, self.average
         avg.broken, avg.check, avg.fail = (lambda: g.broken), g.check, g.fail
         g.on_break.append(avg.revoke)
@@ -63,7 +63,7 @@ class GossipExchange(Exchange):
 
     def repaired(self, comm: Any) -> None:
         """The learners' communicator is now the survivors' (freed at the end, job.cli)."""
-        self.ctx.runtime.learners.replace(comm)
+        self.side.learners.replace(comm)
 
     def attach(self, records: Any) -> None:
         """Where the ``exchanges`` rows go (the trainer's record buffer)."""

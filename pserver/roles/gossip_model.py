@@ -58,6 +58,7 @@ from pserver.comm.collectives import Allreducer, CollectiveLost, Handle
 from pserver.protocols.epochs import EpochCounter
 from pserver.protocols.lockstep import total_minibatches
 from pserver.protocols.ring import averages_again, sum_to_mean
+from pserver.roles.exchange import LearnerSide
 from pserver.roles.model_report import ModelReport
 
 #: what a failed average raises: the MPI error, or the allreducer's wrapping of a learner's
@@ -73,21 +74,22 @@ def mpi_error(e: BaseException) -> BaseException:
 class GossipModel:
     """One learner's part in the epoch averages (see the module docstring)."""
 
-    def __init__(self, ctx: Any, weights: Any, lock: Any) -> None:
-        comm = ctx.learner_comm
-        self.ctx, self.xp, self.lock = ctx, ctx.xp, lock
+    def __init__(self, side: LearnerSide, weights: Any, lock: Any) -> None:
+        comm = side.learner_comm
+        self.side, self.xp, self.lock = side, side.xp, lock
         self.lam = comm.Get_size()
-        self.last_epoch = ctx.cfg.run.epochs
-        self.total = total_minibatches(ctx.cfg, ctx.train_size)
-        self.counter = EpochCounter.from_config(ctx.cfg, ctx.train_size)
-        self.batch = ctx.cfg.data.batch_size
-        self.waiter = ctx.waiter()
+        self.last_epoch = side.cfg.run.epochs
+        self.total = total_minibatches(side.cfg, side.train_size)
+        self.counter = EpochCounter.from_config(side.cfg, side.train_size)
+        self.batch = side.cfg.data.batch_size
+        self.waiter = side.waiter()
         self.buf = self.xp.empty_like(weights)
         self.red = Allreducer(
-            comm, ctx.backend, self.waiter, weights.size, weights.dtype,
-            bucket_mib=ctx.cfg.comm.bucket_mib, staging=ctx.cfg.comm.staging,
+            comm, side.backend, self.waiter, weights.size, weights.dtype,
+            bucket_mib=side.cfg.comm.bucket_mib, staging=side.cfg.comm.staging,
         )  # fmt: skip
-        self.report = ModelReport(ctx, weights.dtype)
+        self.report = ModelReport(side.stats_link(), side.layout.index(side.rank), side.blocks,
+                                  side.model_bytes, weights.dtype)  # fmt: skip
         self.due: deque[int] = deque()  # tested epochs (< the last) not yet averaged
         self.inflight: tuple[int, int, Handle] | None = None  # epoch, step, handle
         self.cut = CutAgreement(comm, self.waiter)  # collective: every learner builds one now
@@ -166,8 +168,8 @@ class GossipModel:
         self.base_count, self.base_steps = self.minibatches(self.steps), self.steps
         self.comm, self.lam = comm, comm.Get_size()
         self.red = Allreducer(
-            comm, self.ctx.backend, self.waiter, self.buf.size, self.buf.dtype,
-            bucket_mib=self.ctx.cfg.comm.bucket_mib, staging=self.ctx.cfg.comm.staging,
+            comm, self.side.backend, self.waiter, self.buf.size, self.buf.dtype,
+            bucket_mib=self.side.cfg.comm.bucket_mib, staging=self.side.cfg.comm.staging,
         )  # fmt: skip
         self.cut = CutAgreement(comm, self.waiter)
         # the first survivor reports (learner 0's successor, when it was the one lost)
@@ -216,7 +218,7 @@ class GossipModel:
             return False  # the ring broke: goodbyes in the new one, then again
         stopped, cut = agreed
         if stopped:
-            ends = self.counter.advance(minibatches_to(cut, self.ctx.train_size, self.batch))
+            ends = self.counter.advance(minibatches_to(cut, self.side.train_size, self.batch))
             # the same on every learner, also one whose own count ended the last epoch
             self.counter.next_epoch = cut + 1
         else:

@@ -43,10 +43,9 @@ from pserver.comm.collectives import CollectiveLost, Handle
 from pserver.comm.engine import CommEngine
 from pserver.comm.waiting import ALLREDUCE_PEERS
 from pserver.roles.allreduce import allreducer, regroup
-from pserver.roles.exchange import Exchange
+from pserver.roles.exchange import Exchange, LearnerSide
 from pserver.roles.lockstep_model import LockstepModel
 from pserver.roles.stop_vote import stop_vote
-from pserver.runtime.context import Context
 
 
 class HybridExchange(Exchange):
@@ -56,20 +55,21 @@ class HybridExchange(Exchange):
     freeze_after_weights = False
     relayed_bytes = 0
 
-    def __init__(self, ctx: Context, weights: Any) -> None:
-        self.model = LockstepModel(ctx, weights)
+    def __init__(self, side: LearnerSide, weights: Any) -> None:
+        self.model = LockstepModel(side, weights)
         self.waiter = self.model.waiter
-        self.bufs = (ctx.xp.empty_like(weights), ctx.xp.empty_like(weights))
-        self.allreduce = allreducer(ctx, self.model, weights)
+        self.bufs = (side.xp.empty_like(weights), side.xp.empty_like(weights))
+        self.allreduce = allreducer(side, self.model, weights)
         self.flight: Handle | None = None
         self.pending = False  # an allreduce was started and its average has not landed
         self.flight_step = self.flight_version = 0
         self.steps = 0
         self.have = {0: 0}
-        self.backend, self.on_device = ctx.backend, False
-        self.vote = stop_vote(ctx, self.waiter)  # where a signal stops every learner
+        self.backend, self.on_device = side.backend, False
+        # where a signal stops every learner
+        self.vote = stop_vote(side.cfg, side.learner_comm, self.waiter)
         self.cut = HybridCut(self.model)  # the model before the last landing, for checkpoints
-        self.regroup = regroup(ctx, self.model, self.allreduce)  # a lost learner (ULFM)
+        self.regroup = regroup(side, self.model, self.allreduce)  # a lost learner (ULFM)
         if self.regroup is not None:
             self.regroup.vote = self.vote
         self.lost: CollectiveLost | None = None  # the thread's failed allreduce (ULFM)

@@ -29,9 +29,8 @@ from pserver.comm.wire import Reply, WireError, split_reply
 from pserver.plan.config import Config, pull_timestamp
 from pserver.plan.topology import Block
 from pserver.protocols.partial_pull import ITERATION, REFRESH, USE, PartialPull, PullRule
-from pserver.roles.exchange import Exchange
+from pserver.roles.exchange import Exchange, LearnerSide
 from pserver.roles.pslink import PSLink
-from pserver.runtime.context import Context
 from pserver.strategies import lookup
 
 
@@ -46,14 +45,14 @@ class PSExchange(Exchange):
     freeze_after_weights = False  # inject.freeze_*: right after the push and its pull requests
     relayed_bytes = 0  # a blocking learner forwards nothing
 
-    def __init__(self, ctx: Context, weights: Any) -> None:
-        self.ctx, self.cfg, self.xp = ctx, ctx.cfg, ctx.xp
-        self.link = link = PSLink(ctx, weights)
+    def __init__(self, side: LearnerSide, weights: Any) -> None:
+        self.side, self.cfg, self.xp = side, side.cfg, side.xp
+        self.link = link = PSLink(side, weights)
         self.blocks, self.by_index = link.blocks, link.by_index
         self.have, self.stopped, self.asked = link.have, link.stopped, link.asked  # shared
-        self.waiter = ctx.waiter()
+        self.waiter = side.waiter()
         self.grad = self.xp.empty_like(link.w)
-        self.shm_setup(ctx)
+        self.shm_setup(side)
         p = self.cfg.protocol
         self.partial = PartialPull(len(self.blocks), p.pull_fraction, p.tau2)
         self.rule = PullRule(pull_timestamp(self.cfg), waits_for_update(self.cfg))
@@ -63,21 +62,21 @@ class PSExchange(Exchange):
         # collecting its held pulls (pserver.ckpt.records.partial_pull: the cut's liveness)
         self.leaving = False
 
-    def shm_setup(self, ctx: Context) -> None:
+    def shm_setup(self, side: LearnerSide) -> None:
         """``comm.transport = "shm"``: blocks whose shard shares our node go through its window."""
-        lay = ctx.layout
+        lay = side.layout
         self.ack = self.xp.empty(0, dtype=self.xp.int8)
         self.shared = {
             b.index: lay.servers[b.shard]
             for b in self.blocks
-            if ctx.shm is not None and ctx.shm.shares(lay.servers[b.shard], ctx.rank)
+            if side.shm is not None and side.shm.shares(lay.servers[b.shard], side.rank)
         }
         # one shard owns the whole model: compute the gradient straight into our slot
         self.grad_in_slot = len(self.shared) == len(self.blocks) and len(lay.servers) == 1
         if self.grad_in_slot:
-            self.grad = ctx.shm.slot(lay.servers[0], ctx.rank)
+            self.grad = side.shm.slot(lay.servers[0], side.rank)
         # one shard, one block: compute on the window version the reply names, without a copy
-        self.zero_copy = bool(self.shared) and ctx.shm.zero_copy(lay.servers[0])
+        self.zero_copy = bool(self.shared) and side.shm.zero_copy(lay.servers[0])
         self.window_w: Any = None
 
     # -- the exchange --------------------------------------------------------------------------
@@ -108,7 +107,7 @@ class PSExchange(Exchange):
         pulling or the iteration rule: the copies, their timestamps and the iteration tag
         (``pserver.ckpt.records.partial_pull``)."""
         if keeps_copies(self.cfg):
-            w = self.ctx.backend.to_host(self.link.w)
+            w = self.side.backend.to_host(self.link.w)
             return learner_state(w, self.have, self.rule.tag, self.steps)
         return State({}, {"steps": self.steps})
 
@@ -117,7 +116,7 @@ class PSExchange(Exchange):
         pulling: for ``ceil(b · blocks)`` blocks newer than the saved tag, on the saved copies)."""
         if keeps_copies(self.cfg) and "tag" in state.attrs:
             w, have, self.rule.tag, steps = restore_learner(state)
-            self.ctx.backend.copy_from_host(w, self.link.w)
+            self.side.backend.copy_from_host(w, self.link.w)
             self.have.update(have)
             self.steps = max(1, steps)  # > 0: weights() pulls first
             return
@@ -132,7 +131,7 @@ class PSExchange(Exchange):
         live = self.link.live()
         # hardsync and PSP: newer than our copy (block rule) or than our last iteration's tag
         wanted = {b.index: self.oldest(b) for b in live}
-        self.partial.start(self.ctx.now(), wanted)
+        self.partial.start(self.side.now(), wanted)
         for b in live:
             if b.index not in self.asked:
                 self.ask(b)
@@ -143,7 +142,7 @@ class PSExchange(Exchange):
             nonlocal left
             for b in self.link.answered():
                 self.on_reply(b, fresh)
-            if not self.asked or self.partial.ready(self.ctx.now()):
+            if not self.asked or self.partial.ready(self.side.now()):
                 return True
             left = self.rule.rule == ITERATION and self.interrupt()
             return left
@@ -168,7 +167,7 @@ class PSExchange(Exchange):
 
     def on_reply(self, b: Block, fresh: list[Block]) -> None:
         h = self.link.reply(b)
-        now = self.ctx.now()
+        now = self.side.now()
         kind, version = split_reply(h.aux)
         if kind == Reply.STOP:
             self.stopped.add(b.index)
@@ -194,8 +193,8 @@ class PSExchange(Exchange):
     def take_weights(self, b: Block, version: int) -> None:
         """Bring block ``b`` of a WEIGHTS reply where :meth:`install` expects it."""
         if self.zero_copy:  # ours to compute on until our next push
-            self.ctx.shm.sync()
-            self.window_w = self.ctx.shm.weights(self.shared[b.index], b, version)
+            self.side.shm.sync()
+            self.window_w = self.side.shm.weights(self.shared[b.index], b, version)
         elif b.index in self.shared:
             self.copy_shared(b, version)
         else:
@@ -205,10 +204,10 @@ class PSExchange(Exchange):
     def copy_shared(self, b: Block, version: int) -> None:
         """Copy block ``b`` (the version the reply names) out of its shard's window, then
         acknowledge: the shard may reuse that version once every copy of it is acknowledged."""
-        shm, server = self.ctx.shm, self.shared[b.index]
+        shm, server = self.side.shm, self.shared[b.index]
         shm.sync()
         self.xp.copyto(self.link.w_comm[b.start : b.stop], shm.weights(server, b, version))
-        self.ctx.channels.ack.Send(self.ack, server, b.index)
+        self.side.channels.ack.Send(self.ack, server, b.index)
 
     def install(self, fresh: list[Block]) -> None:
         if not self.zero_copy:
@@ -234,9 +233,9 @@ class PSExchange(Exchange):
             shared = b.index in self.shared  # the shard reads the gradient in its window
             if shared:
                 if not self.grad_in_slot:  # several shards: the slots are apart
-                    slot = self.ctx.shm.slot(self.shared[b.index], self.ctx.rank, b)
+                    slot = self.side.shm.slot(self.shared[b.index], self.side.rank, b)
                     self.xp.copyto(slot, grad[b.start : b.stop])
-                self.ctx.shm.sync()  # the gradient is visible before the header announces it
+                self.side.shm.sync()  # the gradient is visible before the header announces it
             iteration = self.rule.push_iteration()
             asks = b.index not in self.asked and link.source[b.index] == link.owner[b.index]
             if asks and iteration is None and not self.leaving and link.joins_pull(b):

@@ -26,10 +26,9 @@ from typing import Any
 
 from pserver.ckpt.files import CheckpointError, State
 from pserver.optim.local_rule import LocalRule
-from pserver.roles.exchange import Exchange
+from pserver.roles.exchange import Exchange, LearnerSide
 from pserver.roles.learner import PSExchange
 from pserver.roles.stop_vote import stop_vote
-from pserver.runtime.context import Context
 
 
 class LocalStepsExchange(Exchange):
@@ -39,18 +38,19 @@ class LocalStepsExchange(Exchange):
     freeze_after_weights = False
     relayed_bytes = 0
 
-    def __init__(self, ctx: Context, weights: Any) -> None:
-        self.ctx, self.xp = ctx, ctx.xp
-        self.ps = PSExchange(ctx, weights)
+    def __init__(self, side: LearnerSide, weights: Any) -> None:
+        self.side, self.xp = side, side.xp
+        self.ps = PSExchange(side, weights)
         self.waiter, self.have = self.ps.waiter, self.ps.have
-        self.tau = ctx.cfg.protocol.tau
+        self.tau = side.cfg.protocol.tau
         self.w = self.xp.empty_like(self.ps.link.w)  # the local model
         self.g = self.xp.empty_like(self.w)  # the trainer's gradient buffer
         self.local = 0  # local steps done in this block
-        lay, cfg = ctx.layout, ctx.cfg
-        per = (len(lay.learners), self.tau, cfg.data.batch_size, ctx.train_size)
+        lay, cfg = side.layout, side.cfg
+        per = (len(lay.learners), self.tau, cfg.data.batch_size, side.train_size)
         self.rule = LocalRule(cfg.optim, self.w.size, self.xp, self.w.dtype, per)
-        self.vote = stop_vote(ctx, self.waiter)  # the block at whose start a signal stops all
+        # the block at whose start a signal stops all
+        self.vote = stop_vote(side.cfg, side.learner_comm, self.waiter)
 
     def weights(self) -> Any | None:
         if self.local == 0:  # a block starts from the global model

@@ -19,24 +19,25 @@ from pserver.comm.collectives import CollectiveLost, FailFastWaiter, survivable
 from pserver.optim.local_update import LocalUpdate
 from pserver.protocols.lockstep import ModelVersion, RunPlan
 from pserver.roles.drift import Drift
+from pserver.roles.exchange import LearnerSide
 from pserver.roles.model_report import ModelReport
-from pserver.runtime.context import Context
 
 
 class LockstepModel:
-    def __init__(self, ctx: Context, weights: Any) -> None:
-        comm = ctx.learner_comm
-        self.ctx, self.w, self.comm, self.backend = ctx, weights, comm, ctx.backend
+    def __init__(self, side: LearnerSide, weights: Any) -> None:
+        comm = side.learner_comm
+        self.side, self.w, self.comm, self.backend = side, weights, comm, side.backend
         self.n_learners = comm.Get_size()
-        self.index = ctx.layout.index(ctx.rank)
-        self.waiter = ctx.waiter()
-        self.plan = RunPlan.from_config(ctx.cfg, ctx.train_size, self.n_learners)
+        self.index = side.layout.index(side.rank)
+        self.waiter = side.waiter()
+        self.plan = RunPlan.from_config(side.cfg, side.train_size, self.n_learners)
         # IBM Fig. 3a: the average of λ local steps at α0 = one step at α0 with the average
-        self.update = LocalUpdate(ctx.cfg.optim, weights.size, ctx.xp, weights.dtype)
-        self.report = ModelReport(ctx, weights.dtype)
+        self.update = LocalUpdate(side.cfg.optim, weights.size, side.xp, weights.dtype)
+        self.report = ModelReport(side.stats_link(), side.layout.index(side.rank), side.blocks,
+                                  side.model_bytes, weights.dtype)  # fmt: skip
         # a lost learner (ULFM) ends a drift check with CollectiveLost (the exchange regroups)
         fail_fast = FailFastWaiter(self.waiter)
-        self.drift = Drift(comm, ctx.backend, fail_fast, weights.size, weights.dtype)  # type: ignore[arg-type]
+        self.drift = Drift(comm, side.backend, fail_fast, weights.size, weights.dtype)  # type: ignore[arg-type]
         self.versions = ModelVersion()  # averaged gradients applied so far (its timestamp)
         self.records: Any = None  # the trainer's RecordBuffer (``attach``)
         self.nbytes = weights.size * weights.dtype.itemsize
@@ -91,7 +92,7 @@ class LockstepModel:
     def row(self, step: int, computed_at: int, sigma: int, waited: float) -> None:
         """One row per learner and step: its own gradient is one of the λ contributions of the
         step's update, applied to its copy of the weights (all copies are equal)."""
-        now = self.ctx.now()
+        now = self.side.now()
         self.records.add(
             "exchanges", learner=self.index, step=step, partner=-1, partner_age=-1,
             partner_step=-1, bytes=self.nbytes, wait_time=waited, time=now,
@@ -109,10 +110,10 @@ class LockstepModel:
                 raise
             raise CollectiveLost(e) from e
         if self.index == 0:
-            self.records.add("drift", epoch=epoch, time=self.ctx.now(), max_diff=diff,
+            self.records.add("drift", epoch=epoch, time=self.side.now(), max_diff=diff,
                              learner=where)  # fmt: skip
             if diff:
-                self.ctx.log.warning("epoch %d: learner %d drifted %.3g from learner 0",
+                self.side.log.warning("epoch %d: learner %d drifted %.3g from learner 0",
                                      epoch, where, diff)  # fmt: skip
 
     def finish(self) -> None:

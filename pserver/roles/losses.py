@@ -10,24 +10,32 @@ learner's unsent train rows die with it).
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from pserver.runtime.context import Context
+if TYPE_CHECKING:
+    from pserver.comm.waiting import PeerLog
+    from pserver.plan.topology import Layout
 
 
 class Losses:
-    """Lost learners as one rank (the statistics server) saw them."""
+    """Lost learners as one rank (the statistics server) saw them: ``layout`` (the learners
+    and their indices), ``peers`` (which ranks died, their names), ``log`` (a warning per loss)
+    and ``now`` (seconds since the run's common start)."""
 
-    def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
-        self.learners = len(ctx.layout.learners)  # λ, less the losses seen so far
+    def __init__(
+        self, layout: Layout, peers: PeerLog, log: logging.Logger, now: Callable[[], float]
+    ) -> None:
+        self.layout, self.peers, self.log, self.now = layout, peers, log, now
+        self.learners = len(layout.learners)  # λ, less the losses seen so far
         self.last: dict[int, int] = {}  # learner -> its highest train step received
         self.pushed: dict[int, int] = {}  # learner -> its gradients shard 0 received
         self.rows: list[dict[str, Any]] = []
 
     def lost(self, live: set[int]) -> list[int]:
         """The ranks of ``live`` that died (none without ULFM)."""
-        d = self.ctx.peers.departures
+        d = self.peers.departures
         return [] if d is None else sorted(live & d.lost().keys())
 
     def pending(self, live: set[int]) -> bool:
@@ -56,15 +64,15 @@ class Losses:
         for rank in self.lost(live):
             live.discard(rank)
             self.learners -= 1
-            learner = self.ctx.layout.index(rank)
-            now = self.ctx.now()
+            learner = self.layout.index(rank)
+            now = self.now()
             self.rows.append(
                 {"learner": learner, "rank": rank, "time": now, "learners": self.learners}
             )
-            self.ctx.log.warning(
+            self.log.warning(
                 "learner %d lost (%s) at t=%.1fs, last step seen %d; the run goes on with "
                 "λ = %d (learners_lost)",
-                learner, self.ctx.peers.name(rank), now, self.last_step(learner),
+                learner, self.peers.name(rank), now, self.last_step(learner),
                 self.learners,
             )  # fmt: skip
 

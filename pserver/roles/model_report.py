@@ -14,11 +14,14 @@ final model is always sent, by :meth:`ModelReport.drain` at the end, so the dump
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from pserver.comm.waiting import Waiter
-from pserver.roles.snapshots import Snapshots, snapshot_queue
-from pserver.runtime.context import Context
+from pserver.roles.snapshots import Snapshots, StatsLink, snapshot_queue
+
+if TYPE_CHECKING:
+    from pserver.plan.topology import Block
 
 SENDER = 0  # the learner index that reports the model
 
@@ -26,12 +29,15 @@ SENDER = 0  # the learner index that reports the model
 class ModelReport:
     """Learner ``SENDER``'s snapshots of every block; a no-op on the other learners."""
 
-    def __init__(self, ctx: Context, dtype: Any) -> None:
-        self.sends = ctx.layout.index(ctx.rank) == SENDER
-        self.blocks = ctx.blocks
-        nbytes = ctx.model.n_params * ctx.model.dtype.itemsize
-        depth = snapshot_queue(nbytes)
-        self.snaps = [Snapshots(ctx, b.index, b.size, dtype, depth) for b in self.blocks]
+    def __init__(
+        self, link: StatsLink, learner: int, blocks: Sequence[Block], model_bytes: int, dtype: Any
+    ) -> None:
+        """``learner``: this learner's index; ``blocks``: the model's parameter blocks;
+        ``model_bytes``: the model's size (the snapshot queue's depth follows from it)."""
+        self.sends = learner == SENDER
+        self.blocks = tuple(blocks)
+        depth = snapshot_queue(model_bytes)
+        self.snaps = [Snapshots(link, b.index, b.size, dtype, depth) for b in self.blocks]
 
     def send(self, w: Any, epoch: int, ts: int) -> None:
         """The model ``w`` after the step ``ts`` that ended ``epoch``, for its test."""

@@ -37,10 +37,9 @@ from pserver.comm.wire import Reply, WireError, reply_kind
 from pserver.plan.topology import Block
 from pserver.protocols.inflight import InflightWindow, inflight_limit
 from pserver.roles.bcast import Children
-from pserver.roles.exchange import Exchange
+from pserver.roles.exchange import Exchange, LearnerSide
 from pserver.roles.learner import waits_for_update
 from pserver.roles.pslink import PSLink
-from pserver.runtime.context import Context
 
 
 class OverlapExchange(Exchange):
@@ -48,13 +47,13 @@ class OverlapExchange(Exchange):
 
     freeze_after_weights = True  # inject.freeze_*: our long poll is out, its answer waits for us
 
-    def __init__(self, ctx: Context, weights: Any) -> None:
-        self.ctx, self.cfg, self.xp = ctx, ctx.cfg, ctx.xp
-        self.link = link = PSLink(ctx, weights)
+    def __init__(self, side: LearnerSide, weights: Any) -> None:
+        self.side, self.cfg, self.xp = side, side.cfg, side.xp
+        self.link = link = PSLink(side, weights)
         self.blocks, self.by_index = link.blocks, link.by_index
         self.have, self.stopped, self.asked = link.have, link.stopped, link.asked  # shared
-        self.waiter = ctx.waiter()
-        self.waits_for_update = waits_for_update(ctx.cfg)
+        self.waiter = side.waiter()
+        self.waits_for_update = waits_for_update(side.cfg)
         self.grads = [self.xp.empty_like(link.w), self.xp.empty_like(link.w)]
         self.arrived: dict[int, int] = {}  # block -> timestamp now complete in w_comm
         self.current: set[int] = set()  # blocks answered "yours is current" (no payload)
@@ -64,9 +63,9 @@ class OverlapExchange(Exchange):
             if self.waits_for_update
             else InflightWindow(inflight_limit(self.cfg.comm.max_inflight), self.by_index)
         )
-        if ctx.rank in ctx.layout.bcast_parent:  # learner broadcast tree: pull from a parent
-            link.source.update(dict.fromkeys(link.source, ctx.layout.bcast_parent[ctx.rank]))
-        self.kids = Children(ctx, link)
+        if side.rank in side.layout.bcast_parent:  # learner broadcast tree: pull from a parent
+            link.source.update(dict.fromkeys(link.source, side.layout.bcast_parent[side.rank]))
+        self.kids = Children(side, link)
         self.engine = CommEngine(self.progress, self.waiter, self.cfg.comm.mode == "thread")
         self.lock = self.engine.lock
         self.steps = 0
@@ -227,7 +226,7 @@ class OverlapExchange(Exchange):
                     self.ask(self.by_index[b])
                     pending.remove(b)
                 buf = self.grads[p % 2]
-                self.ctx.backend.copy_from_host(g, buf)
+                self.side.backend.copy_from_host(g, buf)
                 held = dict(self.have)
                 for b, t in sorted(ts.items()):
                     self.have[b] = t  # the timestamp it was computed from (staleness, S̄)

@@ -12,15 +12,20 @@ the thread fetches nothing more.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mpi4py import MPI
 
 from pserver.comm.wire import Header, Tag, bye_aux, header_buffer
-from pserver.runtime.context import Context
+
+if TYPE_CHECKING:
+    from pserver.comm.backend import Backend
+    from pserver.comm.waiting import Waiter
 
 
 class Slot:
@@ -43,23 +48,39 @@ class Slot:
         return self.dev_X, self.dev_y
 
 
+@dataclass(frozen=True)
+class DataSource:
+    """What a learner's prefetcher reads of its run: the I/O channel and the data server's
+    rank, this rank (the requests' sender), the minibatch's shape (``data.batch_size``, the
+    features), the slots in circulation (``data.prefetch``), the backend the learner computes
+    on and the log."""
+
+    comm: MPI.Comm
+    data_rank: int
+    rank: int
+    batch: int
+    n_features: int
+    depth: int
+    backend: Backend
+    log: logging.Logger
+
+
 class Prefetcher:
-    def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
-        self.comm = ctx.channels.io
-        self.data_rank = ctx.layout.data
-        self.waiter = ctx.waiter()
-        batch, features = ctx.cfg.data.batch_size, ctx.dataset.n_features
+    def __init__(self, source: DataSource, waiter: Waiter) -> None:
+        self.source = source
+        self.comm = source.comm
+        self.data_rank = source.data_rank
+        self.waiter = waiter
         self.free: queue.Queue[Slot | None] = queue.Queue()
         self.ready: queue.Queue[Slot | BaseException] = queue.Queue()
-        for _ in range(ctx.cfg.data.prefetch):
-            self.free.put(Slot(batch, features, ctx.backend))
+        for _ in range(source.depth):
+            self.free.put(Slot(source.batch, source.n_features, source.backend))
         self.current: Slot | None = None
         self.over = False  # the data server answered with its stop
         self.out = header_buffer()
         self.threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
         if not self.threaded:
-            ctx.log.warning("MPI gives no THREAD_MULTIPLE: minibatches are fetched inline")
+            source.log.warning("MPI gives no THREAD_MULTIPLE: minibatches are fetched inline")
         self.thread = threading.Thread(target=self.loop, name="prefetch", daemon=True)
         if self.threaded:
             self.thread.start()
@@ -83,7 +104,7 @@ class Prefetcher:
             self.comm.Irecv(slot.X, self.data_rank, Tag.DATA_X),
             self.comm.Irecv(slot.y, self.data_rank, Tag.DATA_Y),
         ]
-        hdr = Header(Tag.DATA_REQ, -1, -1, self.ctx.rank).pack(self.out[0])
+        hdr = Header(Tag.DATA_REQ, -1, -1, self.source.rank).pack(self.out[0])
         self.comm.Send(hdr, self.data_rank, Tag.DATA_REQ)
         statuses = [MPI.Status(), slot.status]
         self.waiter.until(
@@ -131,5 +152,5 @@ class Prefetcher:
         """Tell the data server this learner takes no more minibatches (after :meth:`close`),
         and how many of those it was served it computed on (the others go back to the stream
         at a checkpoint, ``pserver.roles.dataserver``); -1: unknown."""
-        bye = Header(Tag.BYE, -1, -1, self.ctx.rank, bye_aux(consumed)).pack(self.out[0])
+        bye = Header(Tag.BYE, -1, -1, self.source.rank, bye_aux(consumed)).pack(self.out[0])
         self.comm.Send(bye, self.data_rank, Tag.BYE)

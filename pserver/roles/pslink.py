@@ -17,21 +17,21 @@ from mpi4py import MPI
 from pserver.comm.payload import Payloads
 from pserver.comm.wire import Header, Tag, WireError, header_buffer, pull_aux, push_aux, reply_tag
 from pserver.plan.topology import Block
-from pserver.runtime.context import Context
+from pserver.roles.exchange import LearnerSide
 
 
 class PSLink:
-    def __init__(self, ctx: Context, weights: Any) -> None:
-        self.ctx, self.xp, self.ch = ctx, ctx.xp, ctx.channels
-        self.blocks = ctx.blocks
+    def __init__(self, side: LearnerSide, weights: Any) -> None:
+        self.side, self.xp, self.ch = side, side.xp, side.channels
+        self.blocks = side.blocks
         self.by_index = {b.index: b for b in self.blocks}
-        lay = ctx.layout
-        self.owner = {b.index: lay.upstream(ctx.rank, lay.servers[b.shard]) for b in self.blocks}
+        lay = side.layout
+        self.owner = {b.index: lay.upstream(side.rank, lay.servers[b.shard]) for b in self.blocks}
         self.source = dict(self.owner)  # where weights come from (a learner, with a bcast tree)
         self.shard_of = {b.index: lay.servers[b.shard] for b in self.blocks}
         self.w = self.xp.asarray(weights)  # compute buffer: w0, replaced by the first new model
         self.w_comm = self.xp.empty_like(self.w)
-        self.payloads = Payloads(ctx.backend, self.blocks, self.w.dtype, ctx.cfg.comm.staging)
+        self.payloads = Payloads(side.backend, self.blocks, self.w.dtype, side.cfg.comm.staging)
         # timestamp of each block we hold: every rank builds w0 from run.seed (cli.run), so a
         # learner starts on timestamp 0 without pulling it (λ copies of the model at startup)
         self.have = {b.index: 0 for b in self.blocks}
@@ -53,7 +53,7 @@ class PSLink:
         post the receive of the answer (and of its payload unless ``payload`` is False: shm)."""
         src = self.source[b.index]
         self.post_payload(b, payload)
-        hdr = Header(Tag.PULL, b.index, self.have[b.index], self.ctx.rank, pull_aux(oldest))
+        hdr = Header(Tag.PULL, b.index, self.have[b.index], self.side.rank, pull_aux(oldest))
         self.ch.ctrl.Send(hdr.pack(self.out[0]), src, Tag.PULL)
         self.post_reply(b)
 
@@ -78,7 +78,7 @@ class PSLink:
     def reply(self, b: Block) -> Header:
         """The reply header that arrived for block ``b``, checked."""
         h = Header.unpack(self.replies[self.blocks.index(b)])
-        self.ctx.peers.note(h.sender, h)
+        self.side.peers.note(h.sender, h)
         if h.kind is not Tag.REPLY or h.block != b.index:
             raise WireError(f"learner expected a reply for block {b.index}, got {h}")
         return h
@@ -109,11 +109,11 @@ class PSLink:
             if iteration is not None or not self.joins_pull(b):
                 raise ValueError(f"block {b.index}: a push and its pull cannot share a header")
             self.post_payload(b, payload)
-            hdr = Header(Tag.PUSH_PULL, b.index, self.have[b.index], self.ctx.rank,
+            hdr = Header(Tag.PUSH_PULL, b.index, self.have[b.index], self.side.rank,
                          pull_aux(oldest))  # fmt: skip
         else:
             hdr = Header(
-                Tag.PUSH, b.index, self.have[b.index], self.ctx.rank, push_aux(iteration)
+                Tag.PUSH, b.index, self.have[b.index], self.side.rank, push_aux(iteration)
             )
         self.ch.ctrl.Send(hdr.pack(self.out[0]), self.owner[b.index], hdr.kind)
         if payload:
@@ -150,6 +150,6 @@ class PSLink:
     def say_bye(self) -> None:
         """Goodbye to every upstream rank (after ``cancel_posted``, or at a cut under the
         iteration rule before collecting the answers, ``PSExchange.leave``)."""
-        bye = Header(Tag.BYE, -1, -1, self.ctx.rank).pack(self.out[0])
+        bye = Header(Tag.BYE, -1, -1, self.side.rank).pack(self.out[0])
         for upstream in sorted(set(self.owner.values()) | set(self.source.values())):
             self.ch.ctrl.Send(bye, upstream, Tag.BYE)

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from pserver.ckpt.drivers.aggregator import departed_learners
 from pserver.ckpt.drivers.shm import host_copy
 from pserver.ckpt.files import State
+from pserver.ckpt.records.aggregator import departed_learners
 from pserver.ckpt.records.shard import block_state, restore_block
 from pserver.comm.inbox import Inbox
 from pserver.comm.payload import Payloads
@@ -37,7 +37,7 @@ from pserver.plan.config import inject_plan
 from pserver.roles.shard_inject import ShardInjection
 from pserver.roles.shard_pulls import PullAnswers
 from pserver.roles.shard_rows import ShardRows, prediction_summary
-from pserver.roles.shard_state import BlockBuilder, BlockState, ShardPath
+from pserver.roles.shard_state import BlockBuilder, BlockState, ShardPath, ShardSide
 from pserver.roles.shard_versions import summary
 from pserver.roles.snapshots import SNAPSHOT_QUEUE_MAX, snapshot_queue
 from pserver.runtime.context import Context
@@ -60,9 +60,11 @@ class ServerShard:
         # the serving path, decided here once (shard_state.ShardPath): the mode (plain,
         # predicted or BMUF's; with host staging MPI reads staged copies, which are versioned,
         # else w itself is) and the transport (messages, the window, zero copy)
-        self.path = ShardPath.of(ctx, self.payloads.staged)
+        self.path = ShardPath.of(ctx.cfg, ctx.rank, ctx.shm, self.payloads.staged)
         self.shm, self.mode = self.path.shm, self.path.mode
-        build = BlockBuilder(ctx, self.path, len(self.live))
+        side = ShardSide(ctx.cfg, ctx.layout, ctx.rank, ctx.train_size, ctx.backend, ctx.channels,
+                         ctx.now)  # fmt: skip
+        build = BlockBuilder(side, self.path, len(self.live))
         self.blocks = build.blocks(mine, weights)
         for st in self.blocks.values():  # a pull answer to a lost learner (issue 22)
             st.versions.absorb = lambda error: ctx.peers.absorb(error, ctx.log)
@@ -72,7 +74,7 @@ class ServerShard:
         self.bytes_in = 0
         self.inject = ShardInjection(inject_plan(self.cfg), self.shard, self.live)
         self.pulls = PullAnswers(
-            ctx, self.blocks, self.path, self.payloads, self.inject, self.rows
+            side, self.blocks, self.path, self.payloads, self.inject, self.rows
         )
         self.handlers[Tag.PULL] = self.pulls.on_pull
         self.handlers[Tag.PUSH_PULL] = self.on_push_pull
@@ -245,7 +247,7 @@ class ServerShard:
             self.retire([])
 
     def on_retire(self, h: Header) -> None:
-        """A learner below an aggregator said goodbye (``pserver.ckpt.drivers.aggregator``)."""
+        """A learner below an aggregator said goodbye (``pserver.ckpt.records.aggregator``)."""
         self.retire([retired_learner(h.aux)])
 
     def retire(self, learners: list[int]) -> None:

@@ -16,26 +16,25 @@ from pserver.comm.wire import Header, Reply, Tag, header_buffer, pull_oldest, re
 from pserver.protocols.pull import pull_answer
 from pserver.roles.shard_inject import ShardInjection
 from pserver.roles.shard_rows import ShardRows
-from pserver.roles.shard_state import BlockState, ShardPath
-from pserver.runtime.context import Context
+from pserver.roles.shard_state import BlockState, ShardPath, ShardSide
 
 
 class PullAnswers:
     """Held pulls and replies of a shard (see the module docstring), given what they read:
-    the run's context (layout, clock, channels, backend), the shard's blocks, its serving
-    path (``ShardPath``: mode and transport, decided once), its payload buffers, its injected
-    delays and its dump rows."""
+    the run's side of the shard (``ShardSide``: layout, rank, clock, channels, backend), the
+    shard's blocks, its serving path (``ShardPath``: mode and transport, decided once), its
+    payload buffers, its injected delays and its dump rows."""
 
     def __init__(
         self,
-        ctx: Context,
+        side: ShardSide,
         blocks: dict[int, BlockState],
         path: ShardPath,
         payloads: Payloads,
         inject: ShardInjection,
         rows: ShardRows,
     ) -> None:
-        self.ctx, self.ch, self.blocks, self.path = ctx, ctx.channels, blocks, path
+        self.side, self.ch, self.blocks, self.path = side, side.channels, blocks, path
         self.inject, self.rows, self.payloads = inject, rows, payloads
         self.shm, self.mode = path.shm, path.mode
         self.out = header_buffer()
@@ -65,7 +64,7 @@ class PullAnswers:
 
     def release_departed(self, st: BlockState, sender: int) -> None:
         """STOP to the pulls ``sender`` left held when it said goodbye, now: an aggregator
-        leaves a cut with its long polls out (``pserver.ckpt.drivers.aggregator``), and a learner
+        leaves a cut with its long polls out (``pserver.ckpt.records.aggregator``), and a learner
         under the iteration rule says goodbye before collecting its last answers
         (``pserver.ckpt.records.partial_pull``: they may ask for rounds only learners stopping too
         could fill). Other learners say goodbye with no pull held: nothing to do."""
@@ -83,8 +82,8 @@ class PullAnswers:
         st.starved = [h for h in st.starved if h.sender != sender]
 
     def on_pull(self, h: Header) -> None:
-        learner = self.ctx.layout.index(h.sender)
-        request, delay = self.inject.delay(h, learner, self.ctx.now())
+        learner = self.side.layout.index(h.sender)
+        request, delay = self.inject.delay(h, learner, self.side.now())
         if delay > 0.0:  # a rare, large delay of this reply only (PSP-SGD §4.2)
             self.rows.delay(learner, h.block, request, delay)
         else:
@@ -101,7 +100,7 @@ class PullAnswers:
         st = self.blocks[h.block]
         reads = self.path.lends(h.sender)  # computes on the version
         a = st.arith
-        ready = lambda: a.protocol.pull_ready(self.ctx.layout.index(h.sender))  # noqa: E731
+        ready = lambda: a.protocol.pull_ready(self.side.layout.index(h.sender))  # noqa: E731
         oldest = pull_oldest(h.aux)
         answer = pull_answer(
             stopped=a.done, ts=a.ts, holds=h.timestamp, accepts=oldest, ready=ready, reads=reads
@@ -145,7 +144,7 @@ class PullAnswers:
             self.reply(dest, st, Reply.WEIGHTS)
             # MPI must not read a busy device
             if not self.mode.staged and v.staged_ts != st.arith.ts:
-                self.ctx.backend.synchronize()
+                self.side.backend.synchronize()
                 v.staged_ts = st.arith.ts
             req = self.ch.bulk.Isend(v.current, dest, b)
         v.pin_send(req)
@@ -158,7 +157,7 @@ class PullAnswers:
 
     def reply(self, dest: int, st: BlockState, kind: Reply, version: int = 0) -> None:
         hdr = Header(
-            Tag.REPLY, st.block.index, st.arith.ts, self.ctx.rank, reply_aux(kind, version)
+            Tag.REPLY, st.block.index, st.arith.ts, self.side.rank, reply_aux(kind, version)
         )
         hdr.pack(self.out[0])
         self.ch.down.Send(self.out[0], dest, reply_tag(st.block.index))

@@ -10,14 +10,17 @@ no longer changes once training is over. Host memory: at most 64 MiB of queued c
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from mpi4py import MPI
 
 from pserver.comm.waiting import Waiter
 from pserver.comm.wire import Header, Tag, header_buffer, model_aux
-from pserver.runtime.context import Context
+
+if TYPE_CHECKING:
+    from pserver.comm.backend import Backend
 
 # model snapshots a block may queue while one is on its way to statistics: as many as fit in
 # SNAPSHOT_QUEUE_BYTES of host copies per shard, between 1 and SNAPSHOT_QUEUE_MAX
@@ -32,11 +35,24 @@ def snapshot_queue(shard_bytes: int) -> int:
     return max(1, min(SNAPSHOT_QUEUE_MAX, SNAPSHOT_QUEUE_BYTES // max(shard_bytes, 1)))
 
 
+@dataclass(frozen=True)
+class StatsLink:
+    """What the snapshots of a rank read of its run: the statistics channel and the
+    statistics server's rank, this rank (the headers' sender), ``run.epochs`` (a snapshot of
+    the last epoch is the final one) and the backend that copies the model to the host."""
+
+    channel: MPI.Comm
+    stats: int
+    rank: int
+    epochs: int
+    backend: Backend
+
+
 class Snapshots:
     """The snapshots of one block: the one in flight, the queue, the deferred final one."""
 
-    def __init__(self, ctx: Context, block: int, size: int, dtype: Any, depth: int) -> None:
-        self.ctx, self.index, self.depth = ctx, block, depth
+    def __init__(self, link: StatsLink, block: int, size: int, dtype: Any, depth: int) -> None:
+        self.link, self.index, self.depth = link, block, depth
         self.buf = np.empty(size, dtype=dtype)  # on the host: stats stay off the GPU
         self.reqs: list[MPI.Request] = []  # header and payload in flight
         self.hdr: Any = None  # the header those sends read
@@ -50,13 +66,13 @@ class Snapshots:
         updates (see the module's rule)."""
         self.advance()
         if not self.reqs:
-            self.ctx.backend.copy_to_host(w, self.buf)
+            self.link.backend.copy_to_host(w, self.buf)
             self.post(epoch, ts, self.buf)
-        elif epoch >= self.ctx.cfg.run.epochs:
+        elif epoch >= self.link.epochs:
             self.final_epoch = epoch
         elif len(self.queued) < self.depth:
             buf = self.spare.pop() if self.spare else np.empty_like(self.buf)
-            self.ctx.backend.copy_to_host(w, buf)
+            self.link.backend.copy_to_host(w, buf)
             self.queued.append((epoch, ts, buf))
         else:
             self.skipped += 1
@@ -73,8 +89,8 @@ class Snapshots:
     def post(self, epoch: int, ts: int, buf: Any) -> None:
         if self.hdr is None:
             self.hdr = header_buffer()[0]
-        Header(Tag.MODEL, self.index, ts, self.ctx.rank, model_aux(epoch)).pack(self.hdr)
-        stats, ch = self.ctx.layout.stats, self.ctx.channels.stats
+        Header(Tag.MODEL, self.index, ts, self.link.rank, model_aux(epoch)).pack(self.hdr)
+        stats, ch = self.link.stats, self.link.channel
         # synchronous: "in flight" means not yet matched, so the queue bounds what MPI holds
         # for the statistics server too (see pserver.comm.records on MPICH's eager cells)
         self.buf = buf
@@ -88,7 +104,7 @@ class Snapshots:
             self.advance()
         if self.final_epoch:
             waiter.waitall(self.reqs, what)
-            self.ctx.backend.copy_to_host(w, self.buf)
+            self.link.backend.copy_to_host(w, self.buf)
             self.post(self.final_epoch, ts, self.buf)
         waiter.waitall(self.reqs, what)
         self.reqs.clear()

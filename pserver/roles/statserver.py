@@ -70,7 +70,7 @@ class StatsServer:
         # progress lines and TensorBoard scalars, fed the rows the dump gets (issue 24)
         self.outputs = Live(self.cfg, ctx.train_size, ctx.dump_path.parent, ctx.log,
                          self.writer.rows(), resume is None, ctx.t0)  # fmt: skip
-        self.losses = Losses(ctx)
+        self.losses = Losses(ctx.layout, ctx.peers, ctx.log, ctx.now)
         self.handlers = {
             Tag.RECORDS: self.on_records,
             Tag.MODEL: self.on_model,

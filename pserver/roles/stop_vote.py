@@ -55,7 +55,7 @@ from pserver.comm.waiting import Waiter
 from pserver.runtime.signals import STOP
 
 if TYPE_CHECKING:
-    from pserver.runtime.context import Context
+    from pserver.plan.config import Config
 
 #: a learner's vote (the reduction keeps the largest)
 GO, PAUSE, SIGNAL = 0, 1, 2
@@ -158,11 +158,12 @@ class StopVote:
             self.comm.Free()
 
 
-def stop_vote(ctx: Context, waiter: Waiter) -> StopVote | None:
-    """A vote among ``ctx``'s learners when this run can be checkpointed (the same answer on
-    every learner: a function of the config), else None (a signal then ends the rank)."""
+def stop_vote(cfg: Config, learners: MPI.Comm | None, waiter: Waiter) -> StopVote | None:
+    """A vote among the learners (``learners``: their communicator) when this run (``cfg``)
+    can be checkpointed (the same answer on every learner: a function of the config), else
+    None (a signal then ends the rank)."""
     from pserver.ckpt.resume import unsupported
 
-    if unsupported(ctx.cfg) is not None or ctx.learner_comm is None:
+    if unsupported(cfg) is not None or learners is None:
         return None
-    return StopVote(ctx.learner_comm, waiter)
+    return StopVote(learners, waiter)

@@ -36,7 +36,7 @@ import numpy as np
 from mpi4py import MPI
 
 from pserver.ckpt.files import State
-from pserver.ckpt.records.gossip import OPT, W, agreed_cut
+from pserver.ckpt.records.gossip import GossipRecord, agreed_cut
 from pserver.comm.waiting import Waiter
 
 if TYPE_CHECKING:
@@ -97,26 +97,23 @@ def exchange_state(ex: GossipOwner) -> State:
     """A :class:`~pserver.roles.gossip_exchange.GossipExchange`'s state after ``finish``."""
     g, to_host = ex.gossip, ex.backend.to_host
     with g.lock:
-        arrays = {W: to_host(g.w)}
-        for name, a in ex.rule.updater.state_arrays().items():
-            arrays[OPT + name] = to_host(a)
-        attrs = {
-            "clock": [int(s) for s in g.clock.steps],
-            "k": int(g.k),
-            "exchanged": int(g.exchanged),
-            "next_epoch": int(ex.average.counter.next_epoch),
-        }
-    return State(arrays, attrs)
+        opt = {name: to_host(a) for name, a in ex.rule.updater.state_arrays().items()}
+        record = GossipRecord(
+            to_host(g.w), opt, tuple(int(s) for s in g.clock.steps), int(g.k),
+            int(g.exchanged), int(ex.average.counter.next_epoch),
+        )  # fmt: skip
+    return record.to_state()
 
 
 def restore_exchange(ex: GossipOwner, state: State) -> None:
     """Put the saved state into a freshly built exchange whose engine is not started yet."""
     g, copy_in = ex.gossip, ex.backend.copy_from_host
-    copy_in(state.arrays[W], g.w)
-    for name, a in ex.rule.updater.state_arrays().items():
-        copy_in(state.arrays[OPT + name], a)
-    attrs = state.attrs
-    g.clock.steps = [int(s) for s in attrs["clock"]]
-    g.k, g.exchanged = int(attrs["k"]), int(attrs["exchanged"])
+    arrays = ex.rule.updater.state_arrays()
+    r = GossipRecord.from_state(state, list(arrays))
+    copy_in(r.w, g.w)
+    for name, a in arrays.items():
+        copy_in(r.opt[name], a)
+    g.clock.steps = list(r.clock)
+    g.k, g.exchanged = r.k, r.exchanged
     ex.have[0] = g.clock.own
-    ex.average.resumed(int(attrs["next_epoch"]))
+    ex.average.resumed(r.next_epoch)

@@ -23,15 +23,57 @@ reaches the last epoch); if none was, the run ends as it always did.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from pserver.ckpt.files import CheckpointError, State, expect
+from pserver.ckpt.files import CheckpointError, State, attr, counts, expect
 
 W = "w"  # the learner's model
 OPT = "opt."  # prefix of the update rule's state arrays
 ATTRS = ("clock", "k", "exchanged", "next_epoch")
+
+
+@dataclass(frozen=True)
+class GossipRecord:
+    """An ADPSGD learner's record (see the module). On disk, under the trainer's
+    ``exchange.`` prefix: the arrays ``w`` and ``opt.{name}``, the attributes ``clock`` (one
+    step count per learner), ``k``, ``exchanged`` and ``next_epoch``."""
+
+    w: np.ndarray
+    opt: dict[str, np.ndarray]
+    clock: tuple[int, ...]
+    k: int
+    exchanged: int
+    next_epoch: int
+
+    def to_state(self) -> State:
+        arrays = {W: self.w, **{OPT + name: a for name, a in self.opt.items()}}
+        attrs = {
+            "clock": [int(s) for s in self.clock],
+            "k": int(self.k),
+            "exchanged": int(self.exchanged),
+            "next_epoch": int(self.next_epoch),
+        }
+        return State(arrays, attrs)
+
+    @classmethod
+    def from_state(
+        cls, state: State, opt_names: list[str], where: str = "checkpoint"
+    ) -> GossipRecord:
+        """The record of the exchange's state (prefix stripped), with the update rule's arrays
+        ``opt_names``; refused (:class:`CheckpointError` naming the field) where an array is
+        missing or a counter is not an integer >= 0."""
+        names = [W, *(OPT + n for n in opt_names)]
+        missing = [n for n in names if n not in state.arrays]
+        if missing:
+            raise CheckpointError(f"{where}: the checkpoint lacks 'exchange.{missing[0]}'")
+        a = state.attrs
+        clock = tuple(int(s) for s in counts(a, "clock", where))
+        k, exchanged, next_epoch = (attr(a, n, int, where, 0) for n in ATTRS[1:])
+        opt = {n: state.arrays[OPT + n] for n in opt_names}
+        return cls(state.arrays[W], opt, clock, k, exchanged, next_epoch)
 
 
 def owed(next_epoch: int, last_epoch: int) -> int:
@@ -69,3 +111,6 @@ def check_learner(
     dtype = np.dtype(dtype)
     for name in [W, *(OPT + n for n in opt_names)]:
         expect(state, f"exchange.{name}", (n_params,), dtype, where)
+    n = len("exchange.")
+    arrays = {k[n:]: v for k, v in state.arrays.items() if k.startswith("exchange.")}
+    GossipRecord.from_state(State(arrays, attrs), opt_names, where)  # types and ranges

@@ -96,6 +96,7 @@ What is exact: see docs/checkpoints.md, *Partial pulling*.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -114,20 +115,50 @@ def keeps_copies(cfg: Config) -> bool:
     return cfg.protocol.pull_fraction < 1.0 or pull_timestamp(cfg) == ITERATION
 
 
+@dataclass(frozen=True)
+class CopiesRecord:
+    """A partial-pulling learner's record: its compute copy ``w``, the timestamp of each
+    block's copy (``have``), its iteration tag and its steps. On disk: the learner's
+    ``exchange.w`` and its ``exchange`` attributes ``{"steps", "tag", "have": [[b, ts], ...]}``."""
+
+    w: np.ndarray
+    have: dict[int, int]
+    tag: int
+    steps: int
+
+    def to_state(self) -> State:
+        attrs = {
+            "steps": int(self.steps),
+            "tag": int(self.tag),
+            "have": [[int(b), int(ts)] for b, ts in sorted(self.have.items())],
+        }
+        return State({"w": np.ascontiguousarray(self.w)}, attrs)
+
+    @classmethod
+    def from_state(cls, state: State, where: str = "checkpoint") -> CopiesRecord:
+        """The record, refused (:class:`CheckpointError` naming the field) without ``w`` or
+        with a tag, step count or block timestamp that is not an integer >= 0."""
+        w = state.arrays.get("w")
+        if w is None:
+            raise CheckpointError(f"{where}: the checkpoint lacks the learner's copies 'w'")
+        a = state.attrs
+        tag = attr(a, "tag", int, where, 0)
+        steps = attr(a, "steps", int, where, 0)
+        have = {int(b): int(ts) for b, ts in pairs(a, "have", where)}
+        return cls(w, have, tag, steps)
+
+
 def learner_state(w: np.ndarray, have: dict[int, int], tag: int, steps: int) -> State:
     """A partial-pulling learner's checkpoint: its copies, their timestamps, its tag."""
-    attrs = {
-        "steps": int(steps),
-        "tag": int(tag),
-        "have": [[int(b), int(ts)] for b, ts in sorted(have.items())],
-    }
-    return State({"w": np.ascontiguousarray(w)}, attrs)
+    return CopiesRecord(w, have, tag, steps).to_state()
 
 
-def restore_learner(state: State) -> tuple[np.ndarray, dict[int, int], int, int]:
+def restore_learner(
+    state: State, where: str = "checkpoint"
+) -> tuple[np.ndarray, dict[int, int], int, int]:
     """``(w, have, tag, steps)`` of :func:`learner_state`."""
-    have = {int(b): int(ts) for b, ts in state.attrs["have"]}
-    return state.arrays["w"], have, int(state.attrs["tag"]), int(state.attrs["steps"])
+    r = CopiesRecord.from_state(state, where)
+    return r.w, r.have, r.tag, r.steps
 
 
 def check_learner(
@@ -145,22 +176,42 @@ def check_learner(
             f"{where}: 'exchange.w' is {w.dtype}{list(w.shape)} in the checkpoint, this run "
             f"needs {np.dtype(dtype)}{[n_params]} (the model or the data changed)"
         )
-    attr(ex, "tag", int, where, 0)  # types and ranges first: restore_learner trusts them
-    if "steps" in ex:
-        attr(ex, "steps", int, where, 0)
-    saved = sorted(int(b) for b, _ in pairs(ex, "have", where))
+    # types and ranges first: restore_learner trusts them (issue 22, D4); a file of before
+    # the record without ``steps`` reads as 0 steps
+    record = CopiesRecord.from_state(State({"w": w}, {"steps": 0, **ex}), where)
+    saved = sorted(record.have)
     if saved != sorted(blocks):
         raise CheckpointError(
             f"{where}: the learner held blocks {saved}, this run has blocks {sorted(blocks)}"
         )
 
 
+@dataclass(frozen=True)
+class RoundsRecord:
+    """A block's round accounting at the cut: each learner's largest tag (its response). On
+    disk: the block's ``rounds`` attribute, ``{"latest": [[learner, tag], ...]}``."""
+
+    latest: dict[int, int]
+
+    def to_state(self) -> State:
+        return State({}, {"latest": [[int(k), int(t)] for k, t in sorted(self.latest.items())]})
+
+    @classmethod
+    def from_state(cls, saved: State, where: str = "checkpoint") -> RoundsRecord:
+        """The record; no ``latest`` (a file of before it was saved) is an empty one."""
+        if "latest" not in saved.attrs:
+            return cls({})
+        return cls({int(k): int(t) for k, t in pairs(saved.attrs, "latest", where)})
+
+
 def rounds_state(rounds: Rounds) -> dict[str, Any]:
     """A block's round accounting at the cut: each learner's largest tag (its response)."""
-    return {"latest": [[int(k), int(t)] for k, t in sorted(rounds.latest.items())]}
+    return RoundsRecord(dict(rounds.latest)).to_state().attrs
 
 
-def restore_rounds(rounds: Rounds, attrs: dict[str, Any], ts: int) -> None:
+def restore_rounds(
+    rounds: Rounds, attrs: dict[str, Any], ts: int, where: str = "checkpoint"
+) -> None:
     """Put :func:`rounds_state`'s ``latest`` back into a fresh round accounting at ``ts``."""
-    rounds.latest = {int(k): int(t) for k, t in attrs.get("latest", [])}
+    rounds.latest = dict(RoundsRecord.from_state(State({}, attrs), where).latest)
     rounds.round = int(ts)

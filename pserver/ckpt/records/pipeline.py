@@ -68,7 +68,7 @@ class PipelineOwner(Protocol):
     (``pserver.roles.overlap.OverlapExchange`` is one)."""
 
     @property
-    def ctx(self) -> HasBackend: ...
+    def side(self) -> HasBackend: ...
     @property
     def link(self) -> PipelineLink: ...
     @property
@@ -111,7 +111,7 @@ def dropped_pushes(ex: PipelineOwner) -> list[tuple[int, dict[int, int]]]:
 
 def pipeline_state(ex: PipelineOwner) -> State:
     """The exchange's pipeline as arrays and JSON-able attributes."""
-    host = ex.ctx.backend.to_host
+    host = ex.side.backend.to_host
     arrays: dict[str, np.ndarray] = {"w": host(ex.link.w).copy()}
     if ex.arrived:
         arrays["comm"] = host(ex.link.w_comm).copy()
@@ -143,7 +143,7 @@ def restore_pipeline(ex: PipelineOwner, state: State) -> None:
     """Put the pipeline back; ``ex.replay`` gets what ``resend`` sends before the first
     minibatch (the requests answered STOP and the dropped pushes)."""
     a = state.attrs
-    copy_in = ex.ctx.backend.copy_from_host
+    copy_in = ex.side.backend.copy_from_host
     copy_in(state.arrays["w"], ex.link.w)
     ex.arrived.update(_keys(a["arrived"]))
     if ex.arrived:

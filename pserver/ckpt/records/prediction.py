@@ -23,14 +23,15 @@ resumed run may not change (``pserver.ckpt.files.MAY_CHANGE``).
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pserver.ckpt.files import CheckpointError, State, attr, counts
 from pserver.optim.prediction import Predictor
 
 if TYPE_CHECKING:
-    from pserver.ckpt.files import State
     from pserver.plan.config import Config
     from pserver.plan.topology import Block
 
@@ -40,23 +41,102 @@ def probe_arrays(index: int) -> tuple[str, str]:
     return f"pred{index}.w0", f"pred{index}.m0"
 
 
+KEYS = ("recent", "window", "lr", "steps", "probe")
+
+
+@dataclass(frozen=True)
+class PredictorRecord:
+    """Block ``index``'s predictor (see the module). On disk: the block's ``predictor``
+    attribute ``{"recent": [float], "window", "lr", "steps", "probe": [origin, steps, due]}``
+    and, when the probe runs (``every`` > 0), the arrays ``pred{index}.w0`` and
+    ``pred{index}.m0``."""
+
+    index: int
+    recent: tuple[float, ...]
+    window: int
+    lr: float
+    steps: int
+    probe: tuple[int, int, int]
+    w0: np.ndarray | None = None  # the probe's buffers, None when no probe runs
+    m0: np.ndarray | None = None
+
+    def to_state(self) -> State:
+        arrays: dict[str, np.ndarray] = {}
+        if self.w0 is not None and self.m0 is not None:
+            w0, m0 = probe_arrays(self.index)
+            arrays = {w0: self.w0, m0: self.m0}
+        attrs = {
+            "recent": [float(x) for x in self.recent],
+            "window": self.window,
+            "lr": float(self.lr),
+            "steps": int(self.steps),
+            "probe": [int(x) for x in self.probe],
+        }
+        return State(arrays, attrs)
+
+    @classmethod
+    def from_state(
+        cls, saved: State, index: int, probed: bool, where: str = "checkpoint"
+    ) -> PredictorRecord:
+        """Block ``index``'s record in ``saved`` (its arrays and the ``predictor`` attribute),
+        with the probe's buffers when ``probed``; refused (:class:`CheckpointError` naming the
+        field) where a type or a range is wrong or a buffer is missing (issue 22, D4)."""
+        a, at = saved.attrs, f"{where} block {index} predictor"
+        window = attr(a, "window", int, at, 1)
+        recent = attr(a, "recent", list, at)
+        if len(recent) > window:
+            raise CheckpointError(f"{at}: {len(recent)} recent values for a window of {window}")
+        for i, v in enumerate(recent):
+            attr({f"recent[{i}]": v}, f"recent[{i}]", float, at)
+        lr = attr(a, "lr", float, at, 0)
+        steps = attr(a, "steps", int, at, 0)
+        probe = attr(a, "probe", list, at)
+        if len(probe) != 3:
+            raise CheckpointError(f"{at}: 'probe' is {probe!r}, expected [origin, steps, due]")
+        counts(a, "probe", at, -1)  # -1: no probe under way
+        w0 = m0 = None
+        if probed:
+            names = probe_arrays(index)
+            missing = [n for n in names if n not in saved.arrays]
+            if missing:
+                raise CheckpointError(f"{where}: the checkpoint lacks the probe's {missing[0]!r}")
+            w0, m0 = (saved.arrays[n] for n in names)
+        origin, n, due = (int(x) for x in probe)
+        return cls(index, tuple(float(x) for x in recent), window, float(lr), int(steps),
+                   (origin, n, due), w0, m0)  # fmt: skip
+
+
+def predictor_record(p: Predictor, index: int, to_host: Any) -> PredictorRecord:
+    """Block ``index``'s predictor as a record; ``to_host(a)`` copies to numpy."""
+    probe = p.probe
+    w0 = m0 = None
+    if probe.every:  # the buffers exist (allocated once) whether a probe runs or not
+        w0, m0 = to_host(probe.w0), to_host(probe.m0)
+    return PredictorRecord(
+        index, tuple(p.mean.recent), int(p.mean.recent.maxlen or 0), float(p.lr), int(p.steps),
+        (int(probe.origin), int(probe.steps), int(probe.due)), w0, m0,
+    )  # fmt: skip
+
+
+def put_predictor(p: Predictor, r: PredictorRecord, copy_in: Any) -> None:
+    """Put the record ``r`` into ``p`` (built fresh from the same config); ``copy_in(host,
+    out)`` copies a numpy array into a backend array."""
+    p.mean.recent = deque(r.recent, maxlen=r.window)
+    p.mean.total = float(sum(p.mean.recent))
+    p.lr, p.steps = r.lr, r.steps
+    probe = p.probe
+    probe.origin, probe.steps, probe.due = r.probe
+    if r.w0 is not None and r.m0 is not None:
+        copy_in(r.w0, probe.w0)
+        copy_in(r.m0, probe.m0)
+
+
 def predictor_state(
     p: Predictor, index: int, to_host: Any
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """``(arrays, attrs)`` of block ``index``'s predictor; ``to_host(a)`` copies to numpy."""
-    probe = p.probe
-    arrays: dict[str, np.ndarray] = {}
-    if probe.every:  # the buffers exist (allocated once) whether a probe runs or not
-        w0, m0 = probe_arrays(index)
-        arrays = {w0: to_host(probe.w0), m0: to_host(probe.m0)}
-    attrs = {
-        "recent": [float(x) for x in p.mean.recent],
-        "window": p.mean.recent.maxlen,
-        "lr": float(p.lr),
-        "steps": int(p.steps),
-        "probe": [int(probe.origin), int(probe.steps), int(probe.due)],
-    }
-    return arrays, attrs
+    state = predictor_record(p, index, to_host).to_state()
+    return state.arrays, state.attrs
 
 
 def restore_predictor(
@@ -64,15 +144,8 @@ def restore_predictor(
 ) -> None:
     """Put block ``index``'s saved predictor into ``p`` (built fresh from the same config);
     ``copy_in(host, out)`` copies a numpy array into a backend array."""
-    p.mean.recent = deque((float(x) for x in attrs["recent"]), maxlen=int(attrs["window"]))
-    p.mean.total = float(sum(p.mean.recent))
-    p.lr, p.steps = float(attrs["lr"]), int(attrs["steps"])
-    probe = p.probe
-    probe.origin, probe.steps, probe.due = (int(x) for x in attrs["probe"])
-    if probe.every:
-        w0, m0 = probe_arrays(index)
-        copy_in(arrays[w0], probe.w0)
-        copy_in(arrays[m0], probe.m0)
+    record = PredictorRecord.from_state(State(arrays, attrs), index, bool(p.probe.every))
+    put_predictor(p, record, copy_in)
 
 
 def predictor_arrays(p: Predictor, index: int) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -85,14 +158,9 @@ def predictor_arrays(p: Predictor, index: int) -> dict[str, tuple[tuple[int, ...
     }
 
 
-KEYS = ("recent", "window", "lr", "steps", "probe")
-
-
 def check_predictor(cfg: Config, state: State, block: Block, where: str) -> None:
     """Refuse, before training, a shard's checkpoint without block ``block``'s predictor
     (``cfg.protocol.predict``), or with probe buffers of another shape or dtype."""
-    from pserver.ckpt.files import CheckpointError, attr, counts
-
     saved = state.attrs.get("blocks", {}).get(str(block.index), {}).get("predictor")
     if not isinstance(saved, dict) or any(k not in saved for k in KEYS):
         raise CheckpointError(
@@ -100,19 +168,7 @@ def check_predictor(cfg: Config, state: State, block: Block, where: str) -> None
             "(protocol.predict = true): it was written by a run without it"
         )
     # types and ranges first: restore_predictor trusts them (issue 22, D4)
-    at = f"{where} block {block.index} predictor"
-    window = attr(saved, "window", int, at, 1)
-    recent = attr(saved, "recent", list, at)
-    if len(recent) > window:
-        raise CheckpointError(f"{at}: {len(recent)} recent values for a window of {window}")
-    for i, v in enumerate(recent):
-        attr({f"recent[{i}]": v}, f"recent[{i}]", float, at)
-    attr(saved, "lr", float, at, 0)
-    attr(saved, "steps", int, at, 0)
-    probe = attr(saved, "probe", list, at)
-    if len(probe) != 3:
-        raise CheckpointError(f"{at}: 'probe' is {probe!r}, expected [origin, steps, due]")
-    counts(saved, "probe", at, -1)  # -1: no probe under way
+    PredictorRecord.from_state(State({}, saved), block.index, False, where)
     if not cfg.protocol.predict_probe:
         return
     for name in probe_arrays(block.index):

@@ -23,38 +23,111 @@ bit (tests/test_mpi_checkpoint.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from pserver.ckpt.records.partial_pull import restore_rounds, rounds_state
-from pserver.ckpt.records.prediction import predictor_arrays, predictor_state, restore_predictor
+from pserver.ckpt.files import CheckpointError, State, attr
+from pserver.ckpt.records.partial_pull import RoundsRecord
+from pserver.ckpt.records.prediction import (
+    PredictorRecord,
+    predictor_arrays,
+    predictor_record,
+    put_predictor,
+)
 from pserver.protocols.shard_block import ShardBlock
+
+COUNTERS = ("ts", "applied", "dropped", "next_epoch")
+
+
+@dataclass(frozen=True)
+class BlockRecord:
+    """Block ``index``'s record (see the module). On disk: the arrays ``w{index}`` and
+    ``opt{index}.{name}`` (with the predictor's probe buffers) in the shard's file, and the
+    block's entry of its ``blocks`` attribute: ``ts``, ``applied``, ``dropped``,
+    ``next_epoch``, ``open_round`` and, where they apply, ``protocol``, ``rounds`` and
+    ``predictor``."""
+
+    index: int
+    w: np.ndarray
+    opt: dict[str, np.ndarray]
+    ts: int
+    applied: int
+    dropped: int
+    next_epoch: int
+    open_round: int = 0  # gradients of a round left open at the cut (not saved, counted)
+    protocol: Any = None  # a protocol's own ``state()``, when it has one
+    rounds: RoundsRecord | None = None  # hardsync, psp: each learner's response
+    predictor: PredictorRecord | None = None  # PP-ASGD
+
+    def to_state(self) -> State:
+        arrays = {f"w{self.index}": self.w}
+        for name, a in self.opt.items():
+            arrays[f"opt{self.index}.{name}"] = a
+        attrs: dict[str, Any] = {
+            "ts": self.ts,
+            "applied": self.applied,
+            "dropped": self.dropped,
+            "next_epoch": self.next_epoch,
+            "open_round": self.open_round,
+        }
+        if self.protocol is not None:
+            attrs["protocol"] = self.protocol
+        if self.rounds is not None:
+            attrs["rounds"] = self.rounds.to_state().attrs
+        if self.predictor is not None:
+            p = self.predictor.to_state()
+            attrs["predictor"] = p.attrs
+            arrays.update(p.arrays)
+        return State(arrays, attrs)
+
+    @classmethod
+    def from_state(
+        cls, saved: State, index: int, opt_names: list[str], predicts: bool = False,
+        probed: bool = False, where: str = "checkpoint",
+    ) -> BlockRecord:  # fmt: skip
+        """Block ``index``'s record from the shard file's arrays and the block's attributes
+        (``saved``), with the update rule's arrays ``opt_names`` and, when ``predicts``, the
+        predictor (its probe's buffers when ``probed``). Refused (:class:`CheckpointError`
+        naming the field) where an array is missing or a counter is not an integer >= 0."""
+        at = f"{where} block {index}"
+        names = [f"w{index}", *(f"opt{index}.{n}" for n in opt_names)]
+        missing = [n for n in names if n not in saved.arrays]
+        if missing:
+            raise CheckpointError(f"{at}: the checkpoint lacks {missing[0]!r}")
+        a = saved.attrs
+        ts, applied, dropped, next_epoch = (attr(a, k, int, at, 0) for k in COUNTERS)
+        open_round = attr(a, "open_round", int, at, 0) if "open_round" in a else 0
+        rounds = None
+        if "rounds" in a:
+            rounds = RoundsRecord.from_state(State({}, attr(a, "rounds", dict, at)), at)
+        predictor = None
+        if predicts:
+            p = State(saved.arrays, attr(a, "predictor", dict, at))
+            predictor = PredictorRecord.from_state(p, index, probed, where)
+        opt = {n: saved.arrays[f"opt{index}.{n}"] for n in opt_names}
+        return cls(index, saved.arrays[f"w{index}"], opt, ts, applied, dropped, next_epoch,
+                   open_round, a.get("protocol"), rounds, predictor)  # fmt: skip
 
 
 def block_state(b: ShardBlock, index: int, to_host: Any) -> tuple[dict[str, np.ndarray], dict]:
     """``(arrays, attrs)`` of block ``index``; ``to_host(a)`` copies a backend array to numpy."""
-    arrays = {f"w{index}": to_host(b.w)}
-    for name, a in b.updater.state_arrays().items():
-        arrays[f"opt{index}.{name}"] = to_host(a)
-    attrs: dict[str, Any] = {
-        "ts": b.ts,
-        "applied": b.applied,
-        "dropped": b.dropped,
-        "next_epoch": b.epochs.next_epoch,
-        "open_round": b.in_round,
-    }
+    opt = {name: to_host(a) for name, a in b.updater.state_arrays().items()}
     save = getattr(b.protocol, "state", None)
-    if callable(save):
-        attrs["protocol"] = save()
     rounds = getattr(b.protocol, "rounds", None)
-    # hardsync, psp: each learner's response (pserver.ckpt.records.partial_pull)
-    if rounds is not None:
-        attrs["rounds"] = rounds_state(rounds)
+    predictor = None
     if b.predictor is not None:  # PP-ASGD: S̄, the last rate and S, the probe in flight
-        more, attrs["predictor"] = predictor_state(b.predictor, index, to_host)
-        arrays.update(more)
-    return arrays, attrs
+        predictor = predictor_record(b.predictor, index, to_host)
+    record = BlockRecord(
+        index, to_host(b.w), opt, b.ts, b.applied, b.dropped, b.epochs.next_epoch, b.in_round,
+        save() if callable(save) else None,
+        # hardsync, psp: each learner's response (pserver.ckpt.records.partial_pull)
+        RoundsRecord(dict(rounds.latest)) if rounds is not None else None,
+        predictor,
+    )  # fmt: skip
+    state = record.to_state()
+    return state.arrays, state.attrs
 
 
 def restore_block(
@@ -62,21 +135,26 @@ def restore_block(
 ) -> None:
     """Put block ``index``'s saved state into ``b`` (built fresh from the resumed config);
     ``copy_in(host, out)`` copies a numpy array into a backend array."""
-    copy_in(arrays[f"w{index}"], b.w)
-    for name, a in b.updater.state_arrays().items():
-        copy_in(arrays[f"opt{index}.{name}"], a)
-    b.ts, b.applied, b.dropped = int(attrs["ts"]), int(attrs["applied"]), int(attrs["dropped"])
-    b.epochs.next_epoch = int(attrs["next_epoch"])
+    opt_arrays = b.updater.state_arrays()
+    p = b.predictor
+    probed = p is not None and bool(p.probe.every)
+    r = BlockRecord.from_state(State(arrays, attrs), index, list(opt_arrays), p is not None, probed)
+    copy_in(r.w, b.w)
+    for name, a in opt_arrays.items():
+        copy_in(r.opt[name], a)
+    b.ts, b.applied, b.dropped = r.ts, r.applied, r.dropped
+    b.epochs.next_epoch = r.next_epoch
     b.in_round, b.held = 0, None
     b.done = b.epochs.samples(b.applied, b.dropped) >= b.epochs.total_samples
     load = getattr(b.protocol, "restore", None)
-    if callable(load) and "protocol" in attrs:
-        load(attrs["protocol"])
+    if callable(load) and r.protocol is not None:
+        load(r.protocol)
     rounds = getattr(b.protocol, "rounds", None)
-    if rounds is not None and "rounds" in attrs:
-        restore_rounds(rounds, attrs["rounds"], b.ts)
-    if b.predictor is not None:
-        restore_predictor(b.predictor, index, arrays, attrs["predictor"], copy_in)
+    if rounds is not None and r.rounds is not None:
+        rounds.latest = dict(r.rounds.latest)
+        rounds.round = r.ts
+    if p is not None and r.predictor is not None:
+        put_predictor(p, r.predictor, copy_in)
     after = getattr(b, "restored", None)  # a block serving another model than w (BMUF's)
     if callable(after):
         after()
