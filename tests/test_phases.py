@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pserver.comm.waiting import (
+from pserver.comm.backoff import (
     BACKOFF,
     LONG_POLL,
     LONG_WAIT,
@@ -21,12 +21,11 @@ from pserver.comm.waiting import (
     MAX_LONG_POLL,
     SPIN_TESTS,
     Backoff,
-    PeerLog,
-    Waiter,
     crowded_poll_max,
     crowded_spin,
     long_poll_max,
 )
+from pserver.comm.waiting import PeerLog, Waiter
 from pserver.runtime.phases import PREFIX, Phases, process_start
 from pserver.runtime.session import LAUNCHED, OPEN_MPI_DEFAULTS, mpi_defaults
 

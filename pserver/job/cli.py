@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def rank_main(argv: list[str] | None, world: MPI.Comm) -> int:
     """One rank's life under ``main``."""
-    from pserver.comm.waiting import PeerLog, Waiter, crowded_poll_max, crowded_spin
+    from pserver.comm.backoff import crowded_poll_max, crowded_spin
+    from pserver.comm.waiting import PeerLog, Waiter
     from pserver.runtime.startup import agree, failure_message, outcome, status_of
 
     rank, size = world.Get_rank(), world.Get_size()
