@@ -134,3 +134,28 @@ def test_open_mpi_defaults_only_where_the_user_left_them_unset():
     assert mpi_defaults(mine) == {} and mine["OMPI_MCA_btl"] == "self,tcp"
     assert mpi_defaults({}) == {}  # not under a launcher: nothing set
     assert mpi_defaults({"PMI_RANK": "0"}) == {}  # MPICH's Hydra: not Open MPI's business
+
+
+def test_h5py_imports_without_forking_uname_and_uname_reads_the_same():
+    """uname_without_fork: the five uname(2) fields read as before, no child process for them
+    (h5py's import reads the machine), and the processor field still Python's own."""
+    code = (
+        "import platform, sys\n"
+        "before = tuple(platform.uname()[i] for i in range(5)), platform.processor()\n"
+        "platform._uname_cache = None\n"
+        "from pserver.runtime.session import uname_without_fork\n"
+        "uname_without_fork(); uname_without_fork()\n"
+        "forks = []\n"
+        "sys.addaudithook(lambda ev, args: forks.append(args) if ev == 'subprocess.Popen' else 0)\n"
+        "import h5py\n"
+        "u = platform.uname()\n"
+        "after = tuple(u[i] for i in range(5)), None\n"
+        "quiet = list(forks)\n"
+        "after = after[0], u[5]\n"
+        "print(before == after, quiet == [], u[-1] == u.processor, u[:5] == before[0])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        check=True,
+    )  # fmt: skip
+    assert out.stdout.split() == ["True", "True", "True", "True"]

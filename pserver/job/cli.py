@@ -13,14 +13,16 @@ any rank aborts the whole job with a message naming the rank and host: never a h
 
 from __future__ import annotations
 
-from pserver.runtime.session import mpi_defaults, own_session
+from pserver.runtime.session import mpi_defaults, own_session, uname_without_fork
 
-# ruff: noqa: E402 - the imports below come after these two calls on purpose
+# ruff: noqa: E402 - the imports below come after these calls on purpose
 # first, before numpy, h5py and MPI_Init: a rank in its caller's session shares one process's
-# CPU with every other rank of an Open MPI job on a loaded machine, and MPI_Init reads the
-# MCA settings from the environment (pserver/runtime/session.py)
+# CPU with every other rank of an Open MPI job on a loaded machine, MPI_Init reads the MCA
+# settings from the environment, and h5py's import then forks no `uname -p`
+# (pserver/runtime/session.py)
 own_session()
 mpi_defaults()
+uname_without_fork()
 
 import argparse
 import logging

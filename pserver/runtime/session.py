@@ -1,6 +1,7 @@
 """What a rank does before anything else, so that its start and CPU share do not depend on
 which MPI launched it: a session of its own, as MPICH's launcher gives it (:func:`own_session`),
-and Open MPI's start without its slowest probe (:func:`mpi_defaults`).
+and Open MPI's start without its slowest probe (:func:`mpi_defaults`); and h5py's import
+without a ``uname -p`` child process (:func:`uname_without_fork`).
 
 Linux's scheduler shares the CPU between sessions first (autogroups,
 ``/proc/sys/kernel/sched_autogroup_enabled``), then between the processes of a session.
@@ -19,6 +20,7 @@ pid: a launcher that signals the rank or its group reaches it as before.
 from __future__ import annotations
 
 import os
+import platform
 from collections.abc import Mapping, MutableMapping
 
 #: variables a launcher sets in every rank's environment (Open MPI/PMIx, MPICH/PMI, Slurm)
@@ -79,3 +81,31 @@ def mpi_defaults(environ: MutableMapping[str, str] | None = None) -> dict[str, s
     chosen = {k: v for k, v in OPEN_MPI_DEFAULTS.items() if k not in env}
     env.update(chosen)
     return chosen
+
+
+def uname_without_fork() -> None:
+    """Let ``platform.uname()[i]`` for the five fields of ``uname(2)`` (system … machine) be
+    read without computing the sixth, ``processor``, which Python gets on Linux by running
+    ``uname -p`` in a child process.
+
+    Importing h5py reads ``platform.uname()[4]`` (the machine), and a ``uname_result``'s
+    ``__getitem__`` builds the whole tuple first, so every rank that imports h5py (the
+    statistics server at start, every rank at its end checkpoint) forked a process for a field
+    it never reads: ~30 ms of wall time per rank (docs/performance.md, *A job's start-up*).
+    The values are unchanged; ``processor``, a slice or a negative index is still computed as
+    Python does."""
+    result = getattr(platform, "uname_result", None)
+    full = getattr(result, "__getitem__", None)
+    if result is None or full is None or getattr(full, "_pserver", False):
+        return
+    base = result.__mro__[1]  # the namedtuple of the five uname(2) fields
+    if getattr(base, "_fields", None) != ("system", "node", "release", "version", "machine"):
+        return  # another Python's layout: leave it alone
+
+    def getitem(self: object, key: object) -> object:
+        if isinstance(key, int) and 0 <= key < len(base._fields):
+            return base.__getitem__(self, key)
+        return full(self, key)
+
+    getitem._pserver = True  # type: ignore[attr-defined]
+    result.__getitem__ = getitem
