@@ -6,7 +6,10 @@ share the machine's load only if they run in the same window, so this script run
 item (a test file or a test id) under MPICH, then under Open MPI (the order swapped on every
 other repeat), one ``pytest`` per item and MPI, and reads each test's time (setup, call and
 teardown) from pytest's JUnit XML. It prints per test the medians and their ratio, the totals,
-and the load average at the start and the end.
+and the load average at the start and the end; then per item the CPU time of its whole
+``pytest`` (the process and every launcher and rank it waited for, ``RUSAGE_CHILDREN``), which
+a loaded machine stretches far less than the wall time: an MPI that costs more work shows
+there, one that only waits longer does not.
 
 The default items are the Open MPI list at the tail of ``scripts/test.sh``. MPICH is this
 script's Python (``--mpich``), Open MPI ``--openmpi`` (an Open MPI environment's Python; the
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -34,6 +38,7 @@ from benchlib import ROOT, median, table, write_json
 
 OPENMPI_FLAGS = "--oversubscribe --allow-run-as-root"  # a root container with 2 cores
 MPIS = ("MPICH", "Open MPI")
+CPU = "CPU"  # run_pytest's key for the CPU seconds of the whole pytest
 
 
 def ci_list() -> list[str]:
@@ -58,12 +63,19 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def children_cpu() -> float:
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
 def run_pytest(python: str, item: str, env: dict[str, str], timeout: float) -> dict[str, float]:
-    """Each test's seconds (setup + call + teardown, from JUnit XML); a failed test is named
-    ``FAILED`` on stderr and still timed."""
+    """Each test's seconds (setup + call + teardown, from JUnit XML), and under ``CPU`` the
+    CPU seconds of the whole pytest with its descendants; a failed test is named ``FAILED`` on
+    stderr and still timed."""
     with tempfile.TemporaryDirectory(prefix="bench_openmpi_") as tmp:
         xml = Path(tmp) / "junit.xml"
         cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", item]
+        cpu = children_cpu()
         try:
             res = subprocess.run(
                 cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
@@ -75,7 +87,7 @@ def run_pytest(python: str, item: str, env: dict[str, str], timeout: float) -> d
             print(f"FAILED {item} ({python}):\n{res.stdout[-2000:]}", file=sys.stderr)
         if not xml.exists():
             return {}
-        times = {}
+        times = {CPU: children_cpu() - cpu}
         for case in ET.parse(xml).iter("testcase"):
             name = f"{case.get('classname', '').split('.')[-1]}::{case.get('name')}"
             if case.find("skipped") is None:
@@ -92,10 +104,13 @@ def main(argv: list[str] | None = None) -> None:
     load0 = os.getloadavg()
     t0 = time.monotonic()
     seen: dict[str, dict[str, list[float]]] = {}
+    cpu: dict[str, dict[str, list[float]]] = {}
     for rep in range(args.repeats):
         for item in args.items:
             for mpi in MPIS if rep % 2 == 0 else MPIS[::-1]:
                 times = run_pytest(pythons[mpi], item, envs[mpi], args.timeout)
+                if CPU in times:
+                    cpu.setdefault(item, {m: [] for m in MPIS})[mpi].append(times.pop(CPU))
                 for test, s in times.items():
                     seen.setdefault(test, {m: [] for m in MPIS})[mpi].append(s)
                 print(f"  {mpi:8s} {item}: {sum(times.values()):.1f} s "
@@ -115,7 +130,19 @@ def main(argv: list[str] | None = None) -> None:
     title = (f"Open MPI ÷ MPICH per test, median of {args.repeats}, load average "
              f"{load0[0]:.1f} → {load1[0]:.1f}, {time.monotonic() - t0:.0f} s")  # fmt: skip
     print(table(["test", "MPICH s", "Open MPI s", "ratio (≤ 1.5)"], rows, title=title))
-    write_json(args.json, {"load": [load0, load1], "tests": seen})
+    rows, tot = [], {m: 0.0 for m in MPIS}
+    for item, by in cpu.items():
+        if by["MPICH"] and by["Open MPI"]:
+            a, b = median(by["MPICH"]), median(by["Open MPI"])
+            tot["MPICH"] += a
+            tot["Open MPI"] += b
+            rows.append([item, f"{a:.2f}", f"{b:.2f}", f"{b / a:.2f}" if a > 0 else "-"])
+    ratio = tot["Open MPI"] / tot["MPICH"] if tot["MPICH"] else float("nan")
+    rows.append(["all", f"{tot['MPICH']:.1f}", f"{tot['Open MPI']:.1f}", f"{ratio:.2f}"])
+    print()
+    print(table(["item (one pytest)", "MPICH CPU s", "Open MPI CPU s", "ratio"], rows,
+                title="CPU of each pytest with its launchers and ranks, median"))  # fmt: skip
+    write_json(args.json, {"load": [load0, load1], "tests": seen, "cpu": cpu})
 
 
 if __name__ == "__main__":
