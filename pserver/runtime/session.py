@@ -20,7 +20,6 @@ pid: a launcher that signals the rank or its group reaches it as before.
 from __future__ import annotations
 
 import os
-import platform
 from collections.abc import Mapping, MutableMapping
 
 #: variables a launcher sets in every rank's environment (Open MPI/PMIx, MPICH/PMI, Slurm)
@@ -94,6 +93,8 @@ def uname_without_fork() -> None:
     it never reads: ~30 ms of wall time per rank (docs/performance.md, *A job's start-up*).
     The values are unchanged; ``processor``, a slice or a negative index is still computed as
     Python does."""
+    import platform  # here, not above: own_session runs before anything it need not wait for
+
     result = getattr(platform, "uname_result", None)
     full = getattr(result, "__getitem__", None)
     if result is None or full is None or getattr(full, "_pserver", False):
