@@ -1,7 +1,8 @@
 """What a rank does before anything else, so that its start and CPU share do not depend on
 which MPI launched it: a session of its own, as MPICH's launcher gives it (:func:`own_session`),
-and Open MPI's start without its slowest probe (:func:`mpi_defaults`); and h5py's import
-without a ``uname -p`` child process (:func:`uname_without_fork`).
+and Open MPI's start without its slowest probe (:func:`mpi_defaults`); h5py's import
+without a ``uname -p`` child process (:func:`uname_without_fork`); and, at the end, an exit
+without the interpreter's teardown (:func:`leave`).
 
 Linux's scheduler shares the CPU between sessions first (autogroups,
 ``/proc/sys/kernel/sched_autogroup_enabled``), then between the processes of a session.
@@ -19,7 +20,10 @@ pid: a launcher that signals the rank or its group reaches it as before.
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
+import threading
 from collections.abc import Mapping, MutableMapping
 
 #: variables a launcher sets in every rank's environment (Open MPI/PMIx, MPICH/PMI, Slurm)
@@ -35,6 +39,12 @@ OPEN_MPI_DEFAULTS = {
 }
 
 
+def launched(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is a rank started by a launcher (its environment says so)."""
+    env = os.environ if environ is None else environ
+    return any(k in env for k in LAUNCHED)
+
+
 def own_session(environ: Mapping[str, str] | None = None) -> bool:
     """Make this rank a session (and autogroup) of its own; True if it now is one.
 
@@ -42,8 +52,7 @@ def own_session(environ: Mapping[str, str] | None = None) -> bool:
     (e.g. an interactive Python inside ``srun --pty``: its terminal's Ctrl-C must still reach
     it; a launcher gives its ranks a pipe or /dev/null) or one that already leads its session.
     """
-    env = os.environ if environ is None else environ
-    if not hasattr(os, "setsid") or not any(k in env for k in LAUNCHED) or _on_terminal():
+    if not hasattr(os, "setsid") or not launched(environ) or _on_terminal():
         return False
     pid = os.getpid()
     if os.getsid(0) == pid:
@@ -110,3 +119,38 @@ def uname_without_fork() -> None:
 
     getitem._pserver = True  # type: ignore[attr-defined]
     result.__getitem__ = getitem
+
+
+def alone(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this is a launched rank whose main thread is its only thread: it may finalize
+    MPI itself and :func:`leave` (no other thread could still call MPI or hold up the exit)."""
+    main = threading.main_thread()
+    others = [t for t in threading.enumerate() if t is not main and t.is_alive()]
+    return launched(environ) and not others
+
+
+def leave(code: int, environ: Mapping[str, str] | None = None) -> int:
+    """End a rank whose MPI is finalized with exit status ``code`` now: Python's exit handlers
+    (logging's flush among them), stdout and stderr flushed, then ``os._exit``.
+
+    What is skipped is the interpreter's teardown, which frees every module and object one by
+    one: ~40 ms of CPU per rank with numpy, h5py, mpi4py and pserver loaded, paid by every rank
+    of every job on a crowded node (docs/performance.md, *A job's start-up*). Nothing of the
+    run is left to it: files and windows are closed and MPI is finalized before this is
+    called. A process that is not :func:`alone` (not launched: ``main`` called in a test or a
+    notebook; another thread still running) or whose MPI is not finalized returns ``code``
+    and exits as Python does."""
+    if not alone(environ) or not _finalized():
+        return code
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):  # closed or replaced: nothing to flush
+            pass
+    os._exit(code)
+
+
+def _finalized() -> bool:
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and bool(mpi.Is_finalized())
