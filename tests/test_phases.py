@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from pserver.comm.backoff import (
 )
 from pserver.comm.waiting import PeerLog, Waiter
 from pserver.runtime.phases import PREFIX, Phases, process_start
-from pserver.runtime.session import LAUNCHED, OPEN_MPI_DEFAULTS, mpi_defaults
+from pserver.runtime.session import LAUNCHED, OPEN_MPI_DEFAULTS, alone, mpi_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -161,37 +162,15 @@ def test_h5py_imports_without_forking_uname_and_uname_reads_the_same():
     assert out.stdout.split() == ["True", "True", "True", "True"]
 
 
-def run_leave(env: dict[str, str], before: str = "") -> subprocess.CompletedProcess:
-    """A child whose MPI says it is finalized calls leave(3) with an exit handler registered
-    and a line left in stdout's buffer; ``before``: Python run first."""
-    code = (
-        "import atexit, sys, types\n"
-        "sys.modules['mpi4py.MPI'] = types.SimpleNamespace(Is_finalized=lambda: True)\n"
-        f"{before}\n"
-        "from pserver.runtime.session import leave\n"
-        "atexit.register(lambda: print('exit handler ran'))\n"
-        "sys.stdout.write('buffered line\\n')\n"
-        "rc = leave(3)\n"
-        "print('returned', rc)\n"
-    )
-    return subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
-        timeout=60, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-
-
-def test_a_launched_rank_leaves_at_once_with_its_code_and_its_exit_handlers_run():
+def test_a_rank_is_alone_when_launched_and_its_main_thread_is_its_only_one():
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHED}
-    done = run_leave({**env, "PMI_RANK": "0"})
-    assert done.returncode == 3
-    assert done.stdout.splitlines() == ["buffered line", "exit handler ran"]  # not "returned"
-
-
-def test_leave_returns_where_python_must_exit_itself():
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHED}
-    done = run_leave(env)  # not launched: main() called in a test or a notebook
-    assert done.returncode == 0
-    assert done.stdout.splitlines() == ["buffered line", "returned 3", "exit handler ran"]
-    thread = "import threading, time; threading.Thread(target=time.sleep, args=(0.2,)).start()"
-    done = run_leave({**env, "PMI_RANK": "0"}, before=thread)  # a thread Python would wait for
-    assert done.stdout.splitlines() == ["buffered line", "returned 3", "exit handler ran"]
+    assert not alone(env)  # not launched: main() called in a test or a notebook
+    assert alone({**env, "PMI_RANK": "0"}) == (threading.active_count() == 1)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    try:
+        assert not alone({**env, "PMI_RANK": "0"})  # a thread that could still call MPI
+    finally:
+        stop.set()
+        other.join()

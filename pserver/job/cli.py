@@ -13,7 +13,7 @@ any rank aborts the whole job with a message naming the rank and host: never a h
 
 from __future__ import annotations
 
-from pserver.runtime.session import alone, leave, mpi_defaults, own_session, uname_without_fork
+from pserver.runtime.session import alone, mpi_defaults, own_session, uname_without_fork
 
 # ruff: noqa: E402 - the imports below come after these calls on purpose
 # first, before numpy, h5py and MPI_Init: a rank in its caller's session shares one process's
@@ -143,14 +143,12 @@ def main(argv: list[str] | None = None) -> int:
 
     with heartbeat(MPI.COMM_WORLD):  # Open MPI's ULFM (issue 22): heard while busy
         code = rank_main(argv, MPI.COMM_WORLD)
-    # a run that ended well: launched, no other thread that could still call MPI, finalize
-    # and end without the interpreter's teardown. Not after a failure: a launcher kills the
-    # ranks still running once one exits non-zero, and those must keep their own exit's pace
+    # a run that ended well, launched, no other thread that could still call MPI: finalize
+    # here, so the wait for the other ranks at the end is a phase of its own
     if code == 0 and alone():
         if not MPI.Is_finalized():  # under ULFM the heartbeat's exit has (bounded)
             MPI.Finalize()
-        PHASES.mark("finalize")  # MPI_Finalize: MPICH's synchronizes the job
-        return leave(code)
+        PHASES.mark("finalize")  # MPI_Finalize: MPICH's waits for the other ranks
     return code
 
 

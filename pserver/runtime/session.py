@@ -1,8 +1,8 @@
 """What a rank does before anything else, so that its start and CPU share do not depend on
 which MPI launched it: a session of its own, as MPICH's launcher gives it (:func:`own_session`),
 and Open MPI's start without its slowest probe (:func:`mpi_defaults`); h5py's import
-without a ``uname -p`` child process (:func:`uname_without_fork`); and, at the end, an exit
-without the interpreter's teardown (:func:`leave`).
+without a ``uname -p`` child process (:func:`uname_without_fork`); and whether a rank may
+finalize MPI itself at its end (:func:`alone`).
 
 Linux's scheduler shares the CPU between sessions first (autogroups,
 ``/proc/sys/kernel/sched_autogroup_enabled``), then between the processes of a session.
@@ -20,9 +20,7 @@ pid: a launcher that signals the rank or its group reaches it as before.
 
 from __future__ import annotations
 
-import atexit
 import os
-import sys
 import threading
 from collections.abc import Mapping, MutableMapping
 
@@ -123,34 +121,14 @@ def uname_without_fork() -> None:
 
 def alone(environ: Mapping[str, str] | None = None) -> bool:
     """Whether this is a launched rank whose main thread is its only thread: it may finalize
-    MPI itself and :func:`leave` (no other thread could still call MPI or hold up the exit)."""
+    MPI itself before Python's exit (no other thread could still call MPI), which times
+    ``MPI_Finalize`` as a phase of its own (``pserver.job.cli.main``).
+
+    Ending such a rank with ``os._exit`` right after ``MPI_Finalize``, which would save the
+    interpreter's teardown (~30 ms of CPU per rank, measured on a loaded machine), made
+    MPICH's Hydra kill the ranks still finalizing in about half of the 1-epoch quickstarts
+    (exit 9): the launcher saw a rank's exit before its finalize; not done
+    (docs/performance.md, *A job's start-up*)."""
     main = threading.main_thread()
     others = [t for t in threading.enumerate() if t is not main and t.is_alive()]
     return launched(environ) and not others
-
-
-def leave(code: int, environ: Mapping[str, str] | None = None) -> int:
-    """End a rank whose MPI is finalized with exit status ``code`` now: Python's exit handlers
-    (logging's flush among them), stdout and stderr flushed, then ``os._exit``.
-
-    What is skipped is the interpreter's teardown, which frees every module and object one by
-    one: ~40 ms of CPU per rank with numpy, h5py, mpi4py and pserver loaded, paid by every rank
-    of every job on a crowded node (docs/performance.md, *A job's start-up*). Nothing of the
-    run is left to it: files and windows are closed and MPI is finalized before this is
-    called. A process that is not :func:`alone` (not launched: ``main`` called in a test or a
-    notebook; another thread still running) or whose MPI is not finalized returns ``code``
-    and exits as Python does."""
-    if not alone(environ) or not _finalized():
-        return code
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):  # closed or replaced: nothing to flush
-            pass
-    os._exit(code)
-
-
-def _finalized() -> bool:
-    mpi = sys.modules.get("mpi4py.MPI")
-    return mpi is not None and bool(mpi.Is_finalized())
