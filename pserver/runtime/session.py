@@ -97,7 +97,7 @@ def uname_without_fork() -> None:
     Importing h5py reads ``platform.uname()[4]`` (the machine), and a ``uname_result``'s
     ``__getitem__`` builds the whole tuple first, so every rank that imports h5py (the
     statistics server at start, every rank at its end checkpoint) forked a process for a field
-    it never reads: ~30 ms of wall time per rank (docs/performance.md, *A job's start-up*).
+    it never reads (docs/performance.md, *A job's start-up*, has the cost).
     The values are unchanged; ``processor``, a slice or a negative index is still computed as
     Python does."""
     import platform  # here, not above: own_session runs before anything it need not wait for
@@ -125,10 +125,9 @@ def alone(environ: Mapping[str, str] | None = None) -> bool:
     ``MPI_Finalize`` as a phase of its own (``pserver.job.cli.main``).
 
     Ending such a rank with ``os._exit`` right after ``MPI_Finalize``, which would save the
-    interpreter's teardown (~30 ms of CPU per rank, measured on a loaded machine), made
-    MPICH's Hydra kill the ranks still finalizing in about half of the 1-epoch quickstarts
-    (exit 9): the launcher saw a rank's exit before its finalize; not done
-    (docs/performance.md, *A job's start-up*)."""
+    interpreter's teardown, made MPICH's Hydra kill the ranks still finalizing (exit 9): the
+    launcher saw a rank's exit before its finalize; not done (docs/performance.md, *A job's
+    start-up*, has the measurements)."""
     main = threading.main_thread()
     others = [t for t in threading.enumerate() if t is not main and t.is_alive()]
     return launched(environ) and not others
