@@ -25,6 +25,7 @@ mpi_defaults()
 uname_without_fork()
 
 import argparse
+import gc
 import logging
 import socket
 import sys
@@ -149,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         if not MPI.Is_finalized():  # under ULFM the heartbeat's exit has (bounded)
             MPI.Finalize()
         PHASES.mark("finalize")  # MPI_Finalize: MPICH's waits for the other ranks
+        # the interpreter's exit need not collect what the run left: freed with the process
+        gc.disable()
+        gc.freeze()
     return code
 
 
