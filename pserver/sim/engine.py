@@ -97,10 +97,9 @@ def check_supported(cfg: Config) -> int:
                 f"{key} = {value}: pserver-sim simulates one shard with one block, no trees; "
                 f"set {key} = {only}"
             )
-    if cfg.comm.mode != "blocking" or cfg.protocol.predict or cfg.blocks.split != "size":
+    if cfg.comm.mode != "blocking" or cfg.blocks.split != "size":
         raise ConfigError(
-            'pserver-sim simulates comm.mode = "blocking", blocks.split = "size" and no '
-            "protocol.predict: set those"
+            'pserver-sim simulates comm.mode = "blocking" and blocks.split = "size": set those'
         )
     return n
 

@@ -25,6 +25,7 @@ from pserver.plan.config import Config
 from pserver.protocols.bmuf_block import SHARD_BLOCKS
 from pserver.protocols.pull import Reply, pull_answer
 from pserver.sim.costs import Costs
+from pserver.sim.predict import predicting
 from pserver.sim.rows import Rows
 from pserver.strategies.serving import serving
 
@@ -51,6 +52,7 @@ class SimShard:
         kind = SHARD_BLOCKS[serving(cfg).block]  # the real shard's choice: BMUF's, or plain
         self.block = kind.build(np.zeros(1, dtype), cfg, n_learners, train_size, np)
         self.block.updater = NoStep()  # the step's rate is computed; the step itself is not
+        self.predictions = predicting(self.block, rows, index)  # PP-ASGD's rows, or None
         self.learners: list[Any] = []  # SimLearner by index, set by the engine
         self.queue: deque[tuple[int, int, int, int | None]] = deque()
         self.busy = False
@@ -155,6 +157,8 @@ class SimShard:
         self.updates.append((self.index, d.new_timestamp, self.loop.now, len(d.vector_clock),
                              d.mean_staleness, applied.lr))
         self.rows.clocks.append(d.vector_clock)
+        if self.predictions is not None:
+            self.predictions.add(applied, a)
         if self.grads.full() or self.updates.full():
             for t in (self.grads, self.sigmas, self.updates):
                 self.rows.write(t)  # the clocks go with the updates

@@ -1,0 +1,70 @@
+"""pserver-sim's PP-ASGD, overlapped learners and trees (pserver/sim/predict.py, overlap.py,
+tree.py): the simulated dump passes the dump's checks and holds what the real objects decide.
+No MPI (tests/test_mpi_sim_more.py compares with real runs)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pserver.dump.check import check_dump
+from pserver.dump.reader import load_dump
+from pserver.optim.prediction import WINDOW
+from pserver.plan.config import load_config
+from pserver.sim.engine import simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = str(ROOT / "examples" / "quickstart.toml")
+
+
+def sim(tmp_path: Path, *overrides: str, name: str = "run", n: int = 8) -> Path:
+    cfg = load_config(QUICK, [f"run.out_dir={tmp_path / name}", "run.epochs=2",
+                              f"cluster.learners={n}", "sim.compute_cv=0.5", *overrides])
+    return simulate(cfg).dump
+
+
+# -- PP-ASGD (pserver/sim/predict.py) ---------------------------------------------------------
+
+PREDICTED = {
+    "async": ["protocol.name=async"],
+    "softsync": ["protocol.name=softsync", "protocol.n=2"],
+    "ssp": ["protocol.name=ssp", "protocol.s=2"],
+    "psp": ["protocol.name=psp", "protocol.c=4", "protocol.tau1=0.0005"],
+}
+
+
+@pytest.mark.parametrize("strategy", sorted(PREDICTED))
+def test_pp_asgd_writes_one_prediction_per_update_with_the_measured_s(tmp_path, strategy):
+    d = load_dump(sim(tmp_path, *PREDICTED[strategy], "protocol.predict=true"))
+    assert check_dump(d) == []
+    up, pr = d.group("updates"), d.group("predictions")
+    assert np.array_equal(pr["timestamp"], up["timestamp"]) and np.all(pr["shard"] == 0)
+    # S̄ is the running mean of the last WINDOW updates' ⟨σ⟩, S = ⌊S̄⌋ (Sato et al. eq. (2))
+    sigma = up["mean_staleness"]
+    want = np.array([sigma[max(0, i + 1 - WINDOW):i + 1].mean() for i in range(len(sigma))])
+    np.testing.assert_allclose(pr["staleness_mean"], want, rtol=1e-12)
+    assert np.array_equal(pr["steps"], [max(0, math.floor(m)) for m in want])
+    assert d.rows("prediction_errors") == 0  # the probes measure weights: not simulated
+    if strategy != "psp":
+        assert pr["steps"].max() >= 1  # stale gradients: something was predicted
+
+
+def test_pp_asgd_with_a_fixed_s_serves_it_at_every_update(tmp_path):
+    d = load_dump(sim(tmp_path, "protocol.name=async", "protocol.predict=true",
+                      "protocol.predict_steps=3"))
+    assert check_dump(d) == []
+    assert np.all(d.group("predictions")["steps"] == 3)
+
+
+def test_prediction_changes_no_time_nor_message(tmp_path):
+    """A reply carries f_S(w, M) instead of w in the same message: the run is the host's."""
+    plain = load_dump(sim(tmp_path, "protocol.name=async", name="plain"))
+    pred = load_dump(sim(tmp_path, "protocol.name=async", "protocol.predict=true", name="pred"))
+    for group, cols in (("updates", ("timestamp", "time", "mean_staleness", "vector_clock")),
+                        ("gradients", ("learner", "timestamp", "staleness", "time"))):
+        for c in cols:
+            assert np.array_equal(plain.group(group)[c], pred.group(group)[c]), (group, c)
+    assert plain.rows("predictions") == 0
