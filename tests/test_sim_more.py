@@ -68,3 +68,61 @@ def test_prediction_changes_no_time_nor_message(tmp_path):
         for c in cols:
             assert np.array_equal(plain.group(group)[c], pred.group(group)[c]), (group, c)
     assert plain.rows("predictions") == 0
+
+
+# -- the overlapped engines (pserver/sim/overlap.py) ------------------------------------------
+
+OVERLAPPED = {
+    "async": ["protocol.name=async"],
+    "softsync": ["protocol.name=softsync", "protocol.n=2"],
+    "hardsync": ["protocol.name=hardsync"],
+    "psp": ["protocol.name=psp", "protocol.c=4", "protocol.tau1=0.0005"],
+}
+
+
+@pytest.mark.parametrize("mode", ["nonblocking", "thread"])
+@pytest.mark.parametrize("strategy", sorted(OVERLAPPED))
+def test_an_overlapped_run_is_consistent(tmp_path, strategy, mode):
+    d = load_dump(sim(tmp_path, *OVERLAPPED[strategy], f"comm.mode={mode}",
+                      "inject.freeze_learner=1", "inject.freeze_step=5",
+                      "inject.freeze_time=0.02"))
+    assert check_dump(d) == []
+    assert d.group("blocks")["applied"][0] * 16 >= 2 * 1347  # the epochs were trained
+    lr = d.group("learners")
+    assert np.all(lr["push_time"] >= 0) and np.all(lr["overlap"] <= 1.0)
+    if strategy in ("hardsync", "psp"):  # each minibatch waits for the next model: σ = 0
+        assert np.all(d.group("staleness")["staleness"] == 0)
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3])
+def test_one_overlapped_learner_runs_at_most_the_bound_ahead(tmp_path, limit):
+    """pserver.protocols.inflight: with λ = 1 nothing else updates the weights, so σ ≤ limit − 1;
+    with a round trip (10 ms) longer than a compute (1 ms) the learner runs that far ahead; with
+    a short one (0.1 ms) each answer is installed at the next minibatch, σ ≤ 1."""
+    common = ("protocol.name=async", "comm.mode=nonblocking", f"comm.max_inflight={limit}",
+              "sim.compute_cv=0")
+    far = load_dump(sim(tmp_path, *common, "sim.latency=0.005", n=1, name="far"))
+    near = load_dump(sim(tmp_path, *common, n=1, name="near"))
+    assert check_dump(far) == [] and check_dump(near) == []
+    assert far.group("staleness")["staleness"].max() == limit - 1
+    assert near.group("staleness")["staleness"].max() == min(limit - 1, 1)
+
+
+def test_the_overlap_adds_at_most_a_window_of_staleness(tmp_path):
+    """Equal learners under async: blocking gives σ = λ − 1 (Rudra §V-A); overlapped with the
+    window of 2 every learner has two pushes unacknowledged, so 2λ − 1 updates come between a
+    gradient's weights and its own update: within the backlog bound λ·limit of
+    pserver.protocols.inflight (Rudra's σ ≤ 2n, n = λ under async)."""
+    block = load_dump(sim(tmp_path, "protocol.name=async", "sim.compute_cv=0", name="b"))
+    over = load_dump(sim(tmp_path, "protocol.name=async", "sim.compute_cv=0",
+                         "comm.mode=thread", name="o"))
+    sb, so = block.group("staleness")["staleness"], over.group("staleness")["staleness"]
+    assert np.mean(sb[20:]) == 7.0
+    assert np.mean(so[20:]) == 15.0 and so.max() <= 16
+
+
+def test_overlap_refuses_what_it_does_not_model(tmp_path):
+    from pserver.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="sim.polls"):
+        sim(tmp_path, "protocol.name=async", "comm.mode=thread", "sim.polls=true")

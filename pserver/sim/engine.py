@@ -37,6 +37,7 @@ from pserver.sim.gossip import GossipRun
 from pserver.sim.learner import DataServer, SimLearner
 from pserver.sim.local_steps import LocalStepsLearner
 from pserver.sim.loop import make_loop
+from pserver.sim.overlap import OverlapLearner, check_overlap
 from pserver.sim.rows import Rows
 from pserver.sim.shard import SimShard
 from pserver.strategies import lookup
@@ -97,10 +98,9 @@ def check_supported(cfg: Config) -> int:
                 f"{key} = {value}: pserver-sim simulates one shard with one block, no trees; "
                 f"set {key} = {only}"
             )
-    if cfg.comm.mode != "blocking" or cfg.blocks.split != "size":
-        raise ConfigError(
-            'pserver-sim simulates comm.mode = "blocking" and blocks.split = "size": set those'
-        )
+    if cfg.blocks.split != "size":
+        raise ConfigError('pserver-sim simulates blocks.split = "size": set it')
+    check_overlap(cfg)
     return n
 
 
@@ -169,6 +169,8 @@ def run_shard(loop: Any, cfg: Config, costs: Costs, rows: Rows, n: int, train_si
     kind, extra = SimLearner, {}
     if p.name in LOCAL_STEPS:
         kind, extra = LocalStepsLearner, {"tau": p.tau}
+    elif cfg.comm.mode != "blocking":  # the overlapped engines (pserver.sim.overlap)
+        kind, extra = OverlapLearner, {"max_inflight": cfg.comm.max_inflight}
     shard.learners = [
         kind(k, loop, costs, rows, shard, data, PullRule(rule, waits), p.pull_fraction, p.tau2,
              **extra)
