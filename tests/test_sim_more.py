@@ -121,6 +121,19 @@ def test_the_overlap_adds_at_most_a_window_of_staleness(tmp_path):
     assert np.mean(so[20:]) == 15.0 and so.max() <= 16
 
 
+def test_overlapped_learners_share_the_cores(tmp_path):
+    """sim.cores: their model compute and step CPU queue for the node's cores (as blocking
+    learners' do): fewer cores, a longer run, the same protocol."""
+    runs = {c: load_dump(sim(tmp_path, "protocol.name=hardsync", "comm.mode=thread",
+                             "sim.compute=0.002", f"sim.cores={c}", name=f"c{c}"))
+            for c in (1, 8)}  # fmt: skip
+    for d in runs.values():
+        assert check_dump(d) == []
+        assert np.all(d.group("learners")["cpu_time"] > 0)
+    assert runs[1].attrs["wall_time"] > 2 * runs[8].attrs["wall_time"]
+    assert runs[1].rows("updates") == runs[8].rows("updates")
+
+
 def test_overlap_refuses_what_it_does_not_model(tmp_path):
     from pserver.errors import ConfigError
 

@@ -29,7 +29,8 @@ delivered when its payload reached the shard (an eager send). ``nonblocking`` an
 are simulated alike: the replies are taken as they arrive and the push is delivered during the
 compute in both, which holds where the payload goes eagerly (small models: MPICH's eager limit
 is tens of KiB); a large push under ``nonblocking`` progresses only while the learner waits, not
-modelled. Without ``sim.cores`` and ``sim.polls`` (refused with this engine).
+modelled. With ``sim.cores`` its model compute and its step's CPU run on the shared cores as
+the blocking learner's do (``pserver.sim.learner``); ``sim.polls`` is refused.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from pserver.plan.config import Config
 from pserver.protocols.inflight import InflightWindow, inflight_limit
 from pserver.protocols.partial_pull import PullRule
 from pserver.protocols.pull import Reply
+from pserver.sim.cores import Cores, Serial
 from pserver.sim.costs import Costs
 from pserver.sim.rows import Rows
 from pserver.sim.shard import BYE, PULL, PUSH
@@ -80,7 +82,9 @@ class OverlapLearner:
         self.batch = costs.batch
         self.train = rows.train()
         self.freezes = index == costs.plan.freeze_learner
-        self.cores = self.stats = None  # the engine's sim.cores hooks: refused with overlap
+        self.cores: Cores | None = None  # sim.cores: the node's processors, set by the engine
+        self.stats: Serial | None = None  # and the statistics server's CPU on them
+        self.cpu_used = 0.0  # CPU s of this learner (its learners row's cpu_time)
 
     # -- messages to the shard, in order --------------------------------------------------
 
@@ -185,8 +189,23 @@ class OverlapLearner:
         freeze = self.costs.plan.freeze_for(self.index, self.steps) if self.freezes else 0.0
         begin = max(now + freeze, self.next_batch)
         self.next_batch = self.data.request(begin)
+        fetch = begin - now - freeze
+        if self.cores is not None:  # sim.cores: the model's CPU on the shared cores, then sleep
+            self.loop.after(begin - now, self.compute_shared, pull, fetch, begin)
+            return
         c = self.costs.compute(self.index, self.steps)
-        self.loop.after(begin - now + c, self.computed, pull, begin - now - freeze, c)
+        self.cpu_used += c - self.costs.compute_sleep(self.index)
+        self.loop.after(begin - now + c, self.computed, pull, fetch, c)
+
+    def compute_shared(self, pull: float, fetch: float, began: float) -> None:
+        cpu = self.costs.compute_cpu(self.index, self.steps)
+        self.cpu_used += cpu
+        self.cores.run(cpu, self.compute_sleep, pull, fetch, began)  # type: ignore[union-attr]
+
+    def compute_sleep(self, pull: float, fetch: float, began: float) -> None:
+        sleep = self.costs.compute_sleep(self.index)
+        c = self.loop.now + sleep - began  # the compute as the trainer times it
+        self.loop.after(sleep, self.computed, pull, fetch, c)
 
     def computed(self, pull: float, fetch: float, c: float) -> None:
         """``gradient()``: the previous push delivered, then this one, and the row."""
@@ -211,7 +230,15 @@ class OverlapLearner:
                            push, 0.0, 0))  # fmt: skip
         self.rows.check(self.train)
         self.steps += 1
+        if self.stats is not None:
+            self.stats.submit(self.costs.sim.other_cpu)  # the statistics server takes the row
+        if self.cores is not None:  # the step's CPU (overhead, sends and polls) on the cores
+            cpu = self.costs.step_cpu()
+            self.cpu_used += cpu
+            self.cores.run(cpu, self.begin_weights)
+            return
         overhead = self.costs.sim.step_overhead
+        self.cpu_used += overhead
         if overhead > 0.0:
             self.loop.after(overhead, self.begin_weights)
         else:
@@ -243,21 +270,15 @@ class OverlapLearner:
                       compute_time=self.compute_time, wait_time=self.pull_time + self.push_time,
                       samples=self.steps * self.batch, pull_time=self.pull_time,
                       push_time=self.push_time, overlap=self.compute_time / max(busy, 1e-12),
-                      relayed_bytes=0,
-                      cpu_time=self.compute_time - self.steps * self.costs.compute_sleep(
-                          self.index) + self.steps * self.costs.sim.step_overhead,
-                      run_time=now)  # fmt: skip
+                      relayed_bytes=0, cpu_time=self.cpu_used, run_time=now)  # fmt: skip
 
 
 def check_overlap(cfg: Config) -> None:
     """``ConfigError`` for what this engine does not simulate with ``comm.mode`` ≠ blocking:
-    ``sim.cores`` and ``sim.polls`` (its waits and CPU are the blocking learner's model)."""
-    if cfg.comm.mode == "blocking":
-        return
-    for key, on in (("sim.cores", cfg.sim.cores > 0.0), ("sim.polls", cfg.sim.polls)):
-        if on:
-            raise ConfigError(
-                f"{key} is not simulated with comm.mode = {cfg.comm.mode!r} (the overlapped "
-                f"learner, pserver/sim/overlap.py): unset {key}, or simulate comm.mode = "
-                '"blocking"'
-            )
+    ``sim.polls`` (the communication thread's and the waits' polls are not modelled)."""
+    if cfg.comm.mode != "blocking" and cfg.sim.polls:
+        raise ConfigError(
+            f"sim.polls is not simulated with comm.mode = {cfg.comm.mode!r} (the overlapped "
+            'learner, pserver/sim/overlap.py): unset sim.polls, or simulate comm.mode = '
+            '"blocking"'
+        )
