@@ -3,11 +3,30 @@ deterministic (issue 23): one learner, so no other learner's timing decides an a
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
-from test_mpi_sim import real_and_simulated, same
+from mpirun import QUICKSTART, train
+from test_mpi_sim import same
+
+from pserver.dump.reader import load_dump
+from pserver.plan.config import load_config
+from pserver.plan.topology import world_size
+from pserver.sim.engine import simulate
 
 pytestmark = pytest.mark.mpi
+
+
+
+def real_and_simulated(tmp_path: Path, n: int, overrides: list[str]):  # noqa: ANN201
+    """test_mpi_sim's pair of runs, at the world size the layout needs (a tree's aggregators)."""
+    common = [f"cluster.learners={n}", "run.epochs=1", *overrides]
+    cfg = load_config(str(QUICKSTART), [f"run.out_dir={tmp_path / 'sim'}", *common])
+    train(tmp_path / "real", world_size(cfg), *common, timeout=300)
+    simulate(cfg)
+    return load_dump(tmp_path / "real" / "stats.h5"), load_dump(tmp_path / "sim" / "stats.h5")
+
 
 UPDATES = ("timestamp", "n_gradients", "mean_staleness", "lr", "vector_clock")
 
@@ -71,3 +90,33 @@ def test_one_overlapped_async_learner_stays_within_the_window_in_both(tmp_path):
     for d in (real, sim):
         assert d.group("staleness")["staleness"].max() <= 1
     same(real, sim, "blocks", ("timestamp", "applied", "dropped"))
+
+
+#: the aggregator tree where no timing decides: hardsync's rounds take every learner, each
+#: aggregator relays one sum per round (blocking and overlapped learners)
+TREES = {
+    "hardsync-1": (1, ["protocol.name=hardsync", "cluster.tree_fanout=2"]),
+    "hardsync-4": (4, ["protocol.name=hardsync", "cluster.tree_fanout=2"]),
+    "hardsync-5-thread": (5, ["protocol.name=hardsync", "cluster.tree_fanout=2",
+                              "comm.mode=thread"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TREES))
+def test_the_aggregator_tree_agrees_exactly_where_deterministic(tmp_path, case):
+    n, overrides = TREES[case]
+    real, sim = real_and_simulated(tmp_path, n, overrides)
+    assert real.rows("updates") > 10  # 85 minibatches in rounds of λ
+    same(real, sim, "updates", UPDATES)
+    same(real, sim, "blocks", ("timestamp", "applied", "dropped"))
+    nodes = lambda d: sorted(zip(d.group("aggregators")["aggregator"],  # noqa: E731
+                                 d.group("aggregators")["rank"], strict=True))
+    assert nodes(real) == nodes(sim) and len(nodes(sim)) >= 1  # the real layout's aggregators
+    for dump in (real, sim):  # every round: each learner once, relayed through the tree, σ = 0
+        g = dump.group("gradients")
+        for u in np.unique(g["update"]):
+            assert sorted(g["learner"][g["update"] == u]) == list(range(n))
+        assert np.all(g["staleness"] == 0)
+    rounds = lambda d: sorted(zip(d.group("learners")["learner"],  # noqa: E731
+                                  d.group("learners")["minibatches"], strict=True))
+    assert rounds(real) == rounds(sim)

@@ -139,3 +139,45 @@ def test_overlap_refuses_what_it_does_not_model(tmp_path):
 
     with pytest.raises(ConfigError, match="sim.polls"):
         sim(tmp_path, "protocol.name=async", "comm.mode=thread", "sim.polls=true")
+
+
+# -- the aggregator tree (pserver/sim/tree.py) ------------------------------------------------
+
+TREES = {
+    "async": ["protocol.name=async"],
+    "softsync": ["protocol.name=softsync", "protocol.n=2"],
+    "hardsync": ["protocol.name=hardsync"],
+}
+
+
+@pytest.mark.parametrize("mode", ["blocking", "thread"])
+@pytest.mark.parametrize("fanout", [2, 3])
+@pytest.mark.parametrize("strategy", sorted(TREES))
+def test_a_tree_run_is_consistent_and_relays_whole_rounds(tmp_path, strategy, fanout, mode):
+    from pserver.plan.topology import tree_size
+
+    d = load_dump(sim(tmp_path, *TREES[strategy], f"cluster.tree_fanout={fanout}",
+                      f"comm.mode={mode}"))
+    assert check_dump(d) == []
+    assert d.rows("aggregators") == tree_size(8, fanout)  # each said goodbye and wrote its row
+    assert d.group("blocks")["applied"][0] * 16 >= 2 * 1347  # the epochs were trained
+    g = d.group("gradients")
+    taken = np.bincount(g["learner"], minlength=8)  # through the tree, with their own clocks
+    assert np.all(taken >= 1) and taken.sum() <= d.group("learners")["minibatches"].sum()
+    counts = d.group("updates")["n_gradients"]
+    if strategy == "hardsync":  # a round: every learner, relayed through the tree
+        assert np.all(counts == 8) and np.all(d.group("staleness")["staleness"] == 0)
+    elif strategy == "async":  # an update: one relayed sum, a top aggregator's subtree
+        assert counts.min() >= 2
+
+
+def test_tree_links_cost_what_sim_tree_latency_says(tmp_path):
+    """The same hardsync rounds over slower tree links take longer; 0 takes sim.latency."""
+    base = ("protocol.name=hardsync", "cluster.tree_fanout=2", "sim.compute_cv=0")
+    runs = {lat: load_dump(sim(tmp_path, *base, f"sim.tree_latency={lat}", name=f"l{lat}"))
+            for lat in ("0", "0.00005", "0.001")}  # fmt: skip
+    assert runs["0"].attrs["wall_time"] == runs["0.00005"].attrs["wall_time"]  # the default
+    assert runs["0.001"].attrs["wall_time"] > runs["0"].attrs["wall_time"] + 0.1
+    for d in runs.values():
+        assert np.array_equal(d.group("updates")["vector_clock"],
+                              runs["0"].group("updates")["vector_clock"])

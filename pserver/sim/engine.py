@@ -40,6 +40,7 @@ from pserver.sim.loop import make_loop
 from pserver.sim.overlap import OverlapLearner, check_overlap
 from pserver.sim.rows import Rows
 from pserver.sim.shard import SimShard
+from pserver.sim.tree import TreeShard, plant
 from pserver.strategies import lookup
 
 #: the learners-only strategies a simulation runs, by name: their run (pserver.sim.collective,
@@ -89,13 +90,13 @@ def check_supported(cfg: Config) -> int:
     limits = {
         "cluster.servers": (cfg.cluster.servers, 1),
         "blocks.count": (cfg.blocks.count, 1),
-        "cluster.tree_fanout": (cfg.cluster.tree_fanout, 0),
         "cluster.bcast_fanout": (cfg.cluster.bcast_fanout, 0),
     }
     for key, (value, only) in limits.items():
         if value != only:
             raise ConfigError(
-                f"{key} = {value}: pserver-sim simulates one shard with one block, no trees; "
+                f"{key} = {value}: pserver-sim simulates one shard with one block, no broadcast "
+                "tree; "
                 f"set {key} = {only}"
             )
     if cfg.blocks.split != "size":
@@ -162,7 +163,8 @@ def run_shard(loop: Any, cfg: Config, costs: Costs, rows: Rows, n: int, train_si
               costs_bytes: int) -> tuple[int, dict[str, float]]:  # fmt: skip
     """The parameter-server strategies: one shard, λ learners; the updates applied and, with
     ``sim.cores``, the statistics server's CPU for the dump's root."""
-    shard = SimShard(loop, cfg, costs, rows, n, train_size)
+    tree = cfg.cluster.tree_fanout > 0  # the aggregator tree (pserver.sim.tree)
+    shard = (TreeShard if tree else SimShard)(loop, cfg, costs, rows, n, train_size)
     data = DataServer(cfg.sim.data_time)
     rule, waits = pull_timestamp(cfg), lookup(cfg.protocol.name).waits_for_update
     p = cfg.protocol
@@ -176,9 +178,12 @@ def run_shard(loop: Any, cfg: Config, costs: Costs, rows: Rows, n: int, train_si
              **extra)
         for k in range(n)
     ]  # fmt: skip
+    starts = [learner.start for learner in shard.learners]
+    if tree:
+        starts += [a.start for a in plant(cfg, loop, costs, rows, shard, shard.learners)]
     cores = share_cores(loop, cfg, shard)
-    for learner in shard.learners:
-        loop.after(cfg.sim.start_time, learner.start)
+    for start in starts:
+        loop.after(cfg.sim.start_time, start)
     loop.run()
     shard.end_rows(int(costs_bytes // np.dtype(cfg.model.dtype).itemsize))
     shared = {} if cores is None else {"stats_cpu_time": cfg.sim.other_cpu * rows_of(shard)}

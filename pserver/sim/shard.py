@@ -131,20 +131,25 @@ class SimShard:
     # -- pushes (ServerShard.take_gradient, update, after_update) ------------------------------
 
     def on_push(self, learner: int, sent_ts: int, iteration: int | None) -> None:
+        self.take([(learner, sent_ts, iteration)])
+
+    def take(self, entries: list[tuple[int, int, int | None]]) -> None:
+        """The gradient(s) of one push: a learner's, or an aggregator's sum of several
+        (``pserver.sim.tree``), taken whole or dropped whole."""
         a = self.block
         g = a.inbox()
         self.bytes_in += self.costs.nbytes
         now = self.loop.now
         ts = a.ts
-        taken = a.accept([(learner, sent_ts, iteration)], g, now)
+        taken = a.accept(entries, g, now)
         if taken.after_stop:
-            self.dropped_after_stop += 1
+            self.dropped_after_stop += len(entries)
             return
-        d = taken.decisions[0]
         update = ts + 1 if taken.accepted else -1
-        self.grads.append((self.index, learner, sent_ts, d.staleness, update, now))
-        if update != -1:
-            self.sigmas.append((learner, self.index, sent_ts, d.staleness, now))
+        for (learner, sent_ts, _), d in zip(entries, taken.decisions, strict=True):
+            self.grads.append((self.index, learner, sent_ts, d.staleness, update, now))
+            if update != -1:
+                self.sigmas.append((learner, self.index, sent_ts, d.staleness, now))
         if a.ready(now):
             self.update()
         elif not taken.accepted and a.epochs.counts_drops:
