@@ -120,3 +120,30 @@ def test_the_aggregator_tree_agrees_exactly_where_deterministic(tmp_path, case):
     rounds = lambda d: sorted(zip(d.group("learners")["learner"],  # noqa: E731
                                   d.group("learners")["minibatches"], strict=True))
     assert rounds(real) == rounds(sim)
+
+
+#: the broadcast tree where no timing decides: hardsync's rounds, models relayed down a heap
+BCAST = {
+    "hardsync-4-thread": (4, ["protocol.name=hardsync", "comm.mode=thread",
+                              "cluster.bcast_fanout=2"]),
+    "hardsync-4-nonblocking-tree": (4, ["protocol.name=hardsync", "comm.mode=nonblocking",
+                                        "cluster.bcast_fanout=2", "cluster.tree_fanout=2"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BCAST))
+def test_the_broadcast_tree_agrees_exactly_where_deterministic(tmp_path, case):
+    n, overrides = BCAST[case]
+    real, sim = real_and_simulated(tmp_path, n, overrides)
+    assert real.rows("updates") > 10
+    same(real, sim, "updates", UPDATES)
+    same(real, sim, "blocks", ("timestamp", "applied", "dropped"))
+    for dump in (real, sim):
+        g = dump.group("gradients")
+        for u in np.unique(g["update"]):
+            assert sorted(g["learner"][g["update"] == u]) == list(range(n))
+    per = lambda d, c: sorted(zip(d.group("learners")["learner"],  # noqa: E731
+                                  d.group("learners")[c], strict=True))
+    assert per(real, "minibatches") == per(sim, "minibatches")
+    # the same learners relay, the same models: every round's model to each child once
+    assert per(real, "relayed_bytes") == per(sim, "relayed_bytes")

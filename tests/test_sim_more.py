@@ -181,3 +181,45 @@ def test_tree_links_cost_what_sim_tree_latency_says(tmp_path):
     for d in runs.values():
         assert np.array_equal(d.group("updates")["vector_clock"],
                               runs["0"].group("updates")["vector_clock"])
+
+
+# -- the broadcast tree (pserver/sim/tree.py, Children) ---------------------------------------
+
+BCAST = {
+    "async": ["protocol.name=async"],
+    "softsync-tree": ["protocol.name=softsync", "protocol.n=2", "cluster.tree_fanout=2"],
+    "hardsync": ["protocol.name=hardsync"],
+    "psp": ["protocol.name=psp", "protocol.c=4", "protocol.tau1=0.0005"],
+}
+
+
+@pytest.mark.parametrize("mode", ["nonblocking", "thread"])
+@pytest.mark.parametrize("case", sorted(BCAST))
+def test_a_broadcast_tree_run_is_consistent_and_relays_from_the_parents(tmp_path, case, mode):
+    from pserver.sim.tree import tree_layout
+
+    over = [*BCAST[case], f"comm.mode={mode}", "cluster.bcast_fanout=2"]
+    d = load_dump(sim(tmp_path, *over))
+    assert check_dump(d) == []
+    assert d.group("blocks")["applied"][0] * 16 >= 2 * 1347
+    layout = tree_layout(load_config(QUICK, ["cluster.learners=8", *over]))
+    index = {r: i for i, r in enumerate(layout.learners)}
+    parents = {index[p] for p in layout.bcast_parent.values()}
+    lr = d.group("learners")
+    relayed = dict(zip(lr["learner"], lr["relayed_bytes"], strict=True))
+    assert {k for k, v in relayed.items() if v > 0} == parents  # only the heap's inner nodes
+    if case in ("hardsync", "psp"):
+        assert np.all(d.group("staleness")["staleness"] == 0)
+
+
+def test_broadcast_links_cost_what_sim_bcast_latency_says(tmp_path):
+    base = ("protocol.name=hardsync", "comm.mode=thread", "cluster.bcast_fanout=2",
+            "sim.compute_cv=0")
+    fast = load_dump(sim(tmp_path, *base, name="fast"))
+    slow = load_dump(sim(tmp_path, *base, "sim.bcast_latency=0.001", name="slow"))
+    # three levels below the root: each of the ~21 rounds' models reaches the deepest leaf,
+    # whose gradient the next round waits for, 3 hops of 1 ms later
+    rounds = fast.rows("updates")
+    assert slow.attrs["wall_time"] > fast.attrs["wall_time"] + 0.9 * rounds * 0.003
+    assert np.array_equal(fast.group("updates")["vector_clock"],
+                          slow.group("updates")["vector_clock"])

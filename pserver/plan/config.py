@@ -235,6 +235,9 @@ class SimConfig(Sealable):
     # bandwidth
     tree_latency: float = 0.0  # s per message between a tree node and its parent, either way
     tree_bandwidth: float = 0.0  # bytes/s of that link
+    # a link of the learners' broadcast tree (cluster.bcast_fanout): 0 takes latency, bandwidth
+    bcast_latency: float = 0.0  # s per message between a learner and its parent learner
+    bcast_bandwidth: float = 0.0  # bytes/s of that link
 
 
 @dataclass
@@ -369,6 +372,8 @@ NON_NEGATIVE = {
     "sim.other_cpu",
     "sim.tree_latency",
     "sim.tree_bandwidth",
+    "sim.bcast_latency",
+    "sim.bcast_bandwidth",
 }
 # the bounds of the strategies' own keys (protocol.n > 0, protocol.c >= 0, ...)
 POSITIVE |= {f"protocol.{k}" for k, p in strategies.params().items() if p.bound == "> 0"}

@@ -40,7 +40,7 @@ from pserver.sim.loop import make_loop
 from pserver.sim.overlap import OverlapLearner, check_overlap
 from pserver.sim.rows import Rows
 from pserver.sim.shard import SimShard
-from pserver.sim.tree import TreeShard, plant
+from pserver.sim.tree import TreeShard, plant, plant_bcast
 from pserver.strategies import lookup
 
 #: the learners-only strategies a simulation runs, by name: their run (pserver.sim.collective,
@@ -90,13 +90,11 @@ def check_supported(cfg: Config) -> int:
     limits = {
         "cluster.servers": (cfg.cluster.servers, 1),
         "blocks.count": (cfg.blocks.count, 1),
-        "cluster.bcast_fanout": (cfg.cluster.bcast_fanout, 0),
     }
     for key, (value, only) in limits.items():
         if value != only:
             raise ConfigError(
-                f"{key} = {value}: pserver-sim simulates one shard with one block, no broadcast "
-                "tree; "
+                f"{key} = {value}: pserver-sim simulates one shard with one block; "
                 f"set {key} = {only}"
             )
     if cfg.blocks.split != "size":
@@ -179,8 +177,11 @@ def run_shard(loop: Any, cfg: Config, costs: Costs, rows: Rows, n: int, train_si
         for k in range(n)
     ]  # fmt: skip
     starts = [learner.start for learner in shard.learners]
+    learners = list(shard.learners)
     if tree:
-        starts += [a.start for a in plant(cfg, loop, costs, rows, shard, shard.learners)]
+        starts += [a.start for a in plant(cfg, loop, costs, rows, shard, learners)]
+    if cfg.cluster.bcast_fanout:  # the learners' broadcast tree (overlapped learners)
+        plant_bcast(cfg, costs, learners)
     cores = share_cores(loop, cfg, shard)
     for start in starts:
         loop.after(cfg.sim.start_time, start)

@@ -72,6 +72,13 @@ class OverlapLearner:
         self.stopped = False
         self.steps = 0
         self.link_free = 0.0  # when our last message reaches the shard (FIFO)
+        # the broadcast tree (cluster.bcast_fanout; pserver.sim.tree): our parent learner and
+        # its link, and our children (set by pserver.sim.tree.plant_bcast)
+        self.source: Any = None
+        self.source_costs = costs
+        self.source_free = 0.0
+        self.kids: Any = None
+        self.computing = False  # nonblocking: children's messages wait for our next wait
         self.delivered = 0.0  # when our last push's payload reached the shard
         self.waiting: str | None = None  # the wait in progress: "weights" or "done"
         self.need_new = False
@@ -89,18 +96,30 @@ class OverlapLearner:
     # -- messages to the shard, in order --------------------------------------------------
 
     def send(self, payload: bool, kind: int, ts: int, extra: int | None) -> float:
-        """One message to the shard; returns when it arrives there (never before the last)."""
+        """One message to the shard (or our aggregator); returns when it arrives there (never
+        before the last)."""
         now = self.loop.now
         at = max(now + self.costs.message(payload), self.link_free)
         self.link_free = at
         self.loop.after(at - now, self.shard.arrive, kind, self.index, ts, extra)
         return at
 
+    def send_source(self, kind: int, ts: int, extra: int | None) -> None:
+        """A header to where our weights come from: the shard, or our broadcast-tree parent
+        (``pserver.sim.tree.Children``, over its link: ``sim.bcast_latency``)."""
+        if self.source is None:
+            self.send(False, kind, ts, extra)
+            return
+        now = self.loop.now
+        at = max(now + self.source_costs.message(False), self.source_free)
+        self.source_free = at
+        self.loop.after(at - now, self.source.arrive, kind, self.index, ts, extra)
+
     def ask(self) -> None:
         """A pull request: for weights of any age under the window (answered at once), else a
         long poll for weights newer than ours (``OverlapExchange.ask``)."""
         self.asked = True
-        self.send(False, PULL, self.have, 0 if self.window is not None else self.have + 1)
+        self.send_source(PULL, self.have, 0 if self.window is not None else self.have + 1)
 
     def ask_all(self) -> None:
         if not self.stopped and not self.asked and self.arrived is None and not self.current:
@@ -131,6 +150,8 @@ class OverlapLearner:
             w.answer(BLOCK)
         else:  # a long poll asks for newer weights: the real exchange raises WireError
             raise AssertionError(f"learner {self.index}: {kind!r} to a long poll")
+        if kind is Reply.STOP and self.kids is not None:
+            self.kids.answer()
         if self.waiting == "weights":
             self.weights()
         elif self.waiting == "done":
@@ -183,6 +204,8 @@ class OverlapLearner:
         else:
             self.window.install()
             self.ask_uncovered()
+        if self.kids is not None:
+            self.kids.answer()
 
     def compute(self, pull: float) -> None:
         now = self.loop.now
@@ -190,6 +213,7 @@ class OverlapLearner:
         begin = max(now + freeze, self.next_batch)
         self.next_batch = self.data.request(begin)
         fetch = begin - now - freeze
+        self.computing = True
         if self.cores is not None:  # sim.cores: the model's CPU on the shared cores, then sleep
             self.loop.after(begin - now, self.compute_shared, pull, fetch, begin)
             return
@@ -209,6 +233,9 @@ class OverlapLearner:
 
     def computed(self, pull: float, fetch: float, c: float) -> None:
         """``gradient()``: the previous push delivered, then this one, and the row."""
+        self.computing = False
+        if self.kids is not None:  # nonblocking: what the children sent meanwhile, read now
+            self.kids.progress()
         push = max(self.delivered - self.loop.now, 0.0)
         if push > 0.0:
             self.loop.after(push, self.pushed, pull, fetch, c, push)
@@ -253,8 +280,8 @@ class OverlapLearner:
             self.waiting = None
             self.loop.after(self.delivered - now, self.done)
             return
-        if self.asked:
-            self.waiting = "done"
+        if self.asked or (self.kids is not None and not self.kids.drained()):
+            self.waiting = "done"  # our last answers, then our children's goodbyes
             return
         self.waiting = None
         self.finish()
@@ -265,12 +292,24 @@ class OverlapLearner:
         self.push_time += self.blocked  # the trainer adds done()'s blocked seconds to the pushes
         self.finished_at = now
         self.send(False, BYE, -1, None)
+        if self.source is not None:  # goodbye to every upstream rank (PSLink.say_bye)
+            self.send_source(BYE, -1, None)
         busy = self.compute_time + self.pull_time + self.push_time
         self.rows.add("learners", learner=self.index, minibatches=self.steps,
                       compute_time=self.compute_time, wait_time=self.pull_time + self.push_time,
                       samples=self.steps * self.batch, pull_time=self.pull_time,
                       push_time=self.push_time, overlap=self.compute_time / max(busy, 1e-12),
-                      relayed_bytes=0, cpu_time=self.cpu_used, run_time=now)  # fmt: skip
+                      relayed_bytes=self.kids.relayed_bytes if self.kids is not None else 0,
+                      cpu_time=self.cpu_used, run_time=now)  # fmt: skip
+
+    def arrive(self, kind: int, child: int, ts: int, extra: int | None) -> None:
+        """A child's pull or goodbye (we relay weights in the broadcast tree)."""
+        self.kids.arrive(kind, child, ts, extra)
+
+    def waited(self) -> None:
+        """A child's goodbye may end our ``done()`` wait."""
+        if self.waiting == "done":
+            self.done()
 
 
 def check_overlap(cfg: Config) -> None:

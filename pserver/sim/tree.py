@@ -58,7 +58,8 @@ def tree_costs(cfg: Config, costs: Costs) -> Costs:
 
 
 def tree_layout(cfg: Config) -> Layout:
-    """The real run's layout (``make_layout``) at the world size its λ and fan-out need."""
+    """The real run's layout (``make_layout``: its aggregator tree and broadcast tree) at the
+    world size its λ and fan-out need."""
     c = cfg.cluster
     ranks = c.servers + 2 + c.learners + tree_size(c.learners, c.tree_fanout)
     return make_layout(ranks, cfg)
@@ -298,3 +299,95 @@ def plant(cfg: Config, loop: Any, costs: Costs, rows: Rows, shard: SimShard,
         else:
             child.parent = parent
     return aggs
+
+
+# -- the broadcast tree (cluster.bcast_fanout) ------------------------------------------------
+
+
+class Children:
+    """A relaying learner's children in Rudra-adv*'s broadcast tree (``pserver.roles.bcast``):
+    their pulls answered from the model it computes with (``pull_answer`` on its installed
+    timestamp), those for newer weights held until it installs them or stops; their goodbyes
+    counted (it says its own only once every child said one). Under ``comm.mode =
+    "nonblocking"`` a learner makes progress only while it waits: what its children send while
+    it computes is read when the compute ends; under ``"thread"`` at once. The versions it
+    serves from (``comm.versions``) are not limited here. No checkpoint cut is simulated, so
+    ``Reply.LEFT`` is never sent."""
+
+    def __init__(self, learner: Any, costs: Costs, nonblocking: bool) -> None:
+        self.learner, self.costs, self.nonblocking = learner, costs, nonblocking
+        self.loop = learner.loop
+        self.kids: dict[int, Any] = {}
+        self.live: set[int] = set()
+        self.waiting: list[tuple[int, int, int]] = []  # pulls for weights newer than ours
+        self.inbox: list[tuple[int, int, int, Any]] = []  # read at our next wait (nonblocking)
+        self.requests: dict[int, int] = {}
+        self.relayed_bytes = 0
+
+    def arrive(self, kind: int, child: int, ts: int, extra: Any) -> None:
+        if self.nonblocking and self.learner.computing:
+            self.inbox.append((kind, child, ts, extra))
+            return
+        self.on_message(kind, child, ts, extra)
+
+    def progress(self) -> None:
+        inbox, self.inbox = self.inbox, []
+        for msg in inbox:
+            self.on_message(*msg)
+
+    def on_message(self, kind: int, child: int, ts: int, extra: Any) -> None:
+        if kind == BYE:
+            self.live.discard(child)
+            self.learner.waited()
+        elif kind == PULL:
+            self.serve(child, ts, int(extra or 0))
+        else:
+            raise AssertionError(f"learner {self.learner.index} got message {kind} from {child}")
+
+    def serve(self, child: int, holds: int, accepts: int) -> None:
+        me = self.learner
+        answer = pull_answer(stopped=me.stopped, ts=me.have, holds=holds, accepts=accepts)
+        if answer is None:
+            self.waiting.append((child, holds, accepts))
+            return
+        request = self.requests.get(child, 0)
+        self.requests[child] = request + 1
+        payload = answer is Reply.WEIGHTS
+        if payload:
+            self.relayed_bytes += self.costs.nbytes
+        trip = self.costs.reply(payload, child, request)
+        self.loop.after(trip, self.kids[child].on_reply, answer, me.have)
+
+    def answer(self) -> None:
+        """Serve again the pulls that waited for weights newer than ours."""
+        waiting, self.waiting = self.waiting, []
+        for pull in waiting:
+            self.serve(*pull)
+
+    def drained(self) -> bool:
+        return not self.live
+
+
+def bcast_costs(cfg: Config, costs: Costs) -> Costs:
+    """The cost model with the broadcast tree's learner-to-learner link."""
+    s = cfg.sim
+    link = replace(s, latency=s.bcast_latency or s.latency,
+                   bandwidth=s.bcast_bandwidth or s.bandwidth)  # fmt: skip
+    return replace(costs, sim=link)
+
+
+def plant_bcast(cfg: Config, costs: Costs, learners: list[Any]) -> None:
+    """The real layout's broadcast tree (``pserver.plan.topology.broadcast_tree``, by
+    ``cluster.bcast_fanout`` and ``cluster.bcast_tree``) over the overlapped ``learners``: each
+    child pulls from its parent learner over the broadcast link."""
+    layout = tree_layout(cfg)
+    index = {r: i for i, r in enumerate(layout.learners)}
+    link = bcast_costs(cfg, costs)
+    nonblocking = cfg.comm.mode == "nonblocking"
+    for rank, up in layout.bcast_parent.items():
+        child, parent = learners[index[rank]], learners[index[up]]
+        child.source, child.source_costs = parent, link
+        if parent.kids is None:
+            parent.kids = Children(parent, link, nonblocking)
+        parent.kids.kids[child.index] = child
+        parent.kids.live.add(child.index)
