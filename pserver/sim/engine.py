@@ -2,7 +2,9 @@
 
 ``simulate(cfg)`` is the whole of ``pserver-sim CONFIG``: λ = ``cluster.learners``, one shard
 (``pserver.sim.shard``), λ blocking learners (``pserver.sim.learner``; BMUF's and MA's
-``pserver.sim.local_steps``) — or, for the learners-only strategies, their run
+``pserver.sim.local_steps``) or overlapped ones (``pserver.sim.overlap``), PP-ASGD's predictions
+(``pserver.sim.predict``), the aggregator and broadcast trees (``pserver.sim.tree``) — or, for
+the learners-only strategies, their run
 (``pserver.sim.collective``: SYNC, HYBRID; ``pserver.sim.gossip``: ADPSGD) — the cost model of
 ``[sim]`` and ``[inject]`` (``pserver.sim.costs``), and the dump in ``run.out_dir`` with the
 real run's schema and a ``simulated`` root attribute. What is simulated and what is refused:
@@ -27,6 +29,7 @@ from pserver import __version__
 from pserver.dump.writer import StatsWriter
 from pserver.errors import ConfigError
 from pserver.plan.config import Config, inject_plan, pull_timestamp
+from pserver.plan.topology import tree_size
 from pserver.protocols.partial_pull import PullRule
 from pserver.runtime.outdir import check_out_dir
 from pserver.runtime.rundir import DUMP_NAME, expand, point_latest, run_id
@@ -211,17 +214,18 @@ def rows_of(shard: SimShard) -> int:
 
 def root_attrs(cfg: Config, n: int) -> dict[str, Any]:
     """The root attributes a real run's statistics server writes that mean something here."""
+    world = cfg.cluster.servers + 2 + n + tree_size(n, cfg.cluster.tree_fanout)
     return {
         "config": cfg.to_dict(),
         "protocol": cfg.protocol.name,
         "n_learners": n,
         "n_servers": cfg.cluster.servers,
-        "world_size": cfg.cluster.servers + 2 + n,
+        "world_size": world,
         "pserver_version": __version__,
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         # the cores its ranks shared; without sim.cores each rank had its own
-        "cores": int(round(cfg.sim.cores)) if cfg.sim.cores > 0 else cfg.cluster.servers + 2 + n,
+        "cores": int(round(cfg.sim.cores)) if cfg.sim.cores > 0 else world,
         "run_dir": cfg.run.out_dir,
         "simulated": json.dumps({"loop": cfg.sim.loop}),
     }
