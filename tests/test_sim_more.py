@@ -223,3 +223,17 @@ def test_broadcast_links_cost_what_sim_bcast_latency_says(tmp_path):
     assert slow.attrs["wall_time"] > fast.attrs["wall_time"] + 0.9 * rounds * 0.003
     assert np.array_equal(fast.group("updates")["vector_clock"],
                           slow.group("updates")["vector_clock"])
+
+
+def test_both_trees_on_shared_cores(tmp_path):
+    """sim.cores: the aggregators' handling of messages runs on the node's cores too."""
+    runs = {c: load_dump(sim(tmp_path, "protocol.name=hardsync", "comm.mode=thread",
+                             "cluster.tree_fanout=2", "cluster.bcast_fanout=2",
+                             "sim.compute=0.002", f"sim.cores={c}", name=f"c{c}"))
+            for c in (1, 16)}  # fmt: skip
+    for d in runs.values():
+        assert check_dump(d) == []
+        assert np.all(d.group("aggregators")["cpu_time"] > 0)
+    assert runs[1].attrs["wall_time"] > 2 * runs[16].attrs["wall_time"]
+    assert np.array_equal(runs[1].group("updates")["vector_clock"],
+                          runs[16].group("updates")["vector_clock"])
