@@ -27,7 +27,9 @@ link of the tree (learner to aggregator, aggregator to aggregator, top aggregato
 costs ``sim.tree_latency`` + bytes / ``sim.tree_bandwidth`` (0: ``sim.latency``,
 ``sim.bandwidth``), a reply's latency drawn as the shard's (``sim.latency_cv``). The versions an
 aggregator serves from (``comm.versions``) are not limited here: a pull never waits for a free
-version.
+version. The shard knows a top aggregator as λ + its index: an injected delay of its pull
+(``inject.pull_delay_prob``) is drawn, and its ``delays`` row written, with that key, where the
+real shard uses the aggregator's own index (``PullAnswers.on_pull``: ``layout.index``).
 """
 
 from __future__ import annotations
