@@ -10,7 +10,11 @@ injected reply delays of ``InjectPlan`` (drawn per shard, learner and request, a
 ``ShardInjection`` counts them). A block holds a one-element stand-in for its weights: the
 simulation computes nothing on them, but the step's learning rate, the counters and the stop come
 from the real object. As in ``ShardRows``, the ``gradients``, ``staleness`` and ``updates`` rows
-come from the shard's first block alone.
+come from the shard's first block alone, and so do PP-ASGD's ``predictions`` rows
+(``pserver.sim.predict``: every block predicts with its own ``Predictor``). A push is taken by
+:meth:`SimShard.take` as ``ServerShard.take_gradient`` takes it: one learner's gradient, or an
+aggregator's sum with its (learner, timestamp) pairs (``pserver.sim.tree.TreeShard``, over one
+shard with one block).
 
 Messages are served one at a time in arrival order (the shard's loop reads its control
 messages in order); each costs ``Costs.service`` seconds for its block's bytes (CPU seconds on
@@ -107,7 +111,8 @@ class SimShard:
 
     def arrive(self, kind: int, learner: int, block: int, ts: int, extra: int | None) -> None:
         """A message reaches the shard: ``(PUSH, k, b, ts, iteration)``, ``(PULL, k, b, holds,
-        accepts)`` or ``(BYE, k, -1, -1, None)``."""
+        accepts)`` or ``(BYE, k, -1, -1, None)`` (and a tree's ``SUM`` and ``RETIRE``,
+        ``pserver.sim.tree``)."""
         self.queue.append((kind, learner, block, ts, extra))
         if not self.busy:
             self.wake()
