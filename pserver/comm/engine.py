@@ -5,7 +5,7 @@ completed. The engine drives it in one of two ways (``comm.mode``):
 
 ``thread``: a communication thread calls ``progress()`` under the engine's lock, wakes the
 waiting threads through the condition variable whenever something completed, and sleeps with
-the Waiter's back-off (:class:`pserver.comm.waiting.Backoff`) when nothing did, so it burns no
+the Waiter's back-off (:class:`pserver.comm.backoff.Backoff`) when nothing did, so it burns no
 core; progress continues while the compute thread runs numpy/CuPy kernels (which release the
 GIL). A ``progress()`` that raises ends the thread, and the error is raised again on the thread
 that waits (:meth:`CommEngine.wait`).
@@ -27,7 +27,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from pserver.comm.waiting import Backoff, StallClock, Waiter, tighten_timer_slack
+from pserver.comm.backoff import Backoff
+from pserver.comm.waiting import StallClock, Waiter, tighten_timer_slack
 
 STALL_PACE = 0.5  # a thread-mode wait wakes this often for its stall clock and liveness check
 

@@ -4,7 +4,7 @@ A rank waiting for a non-blocking collective moves it on only while it tests it 
 back-off's sleeps cost bandwidth; a blocking call would burn a core for as long as a late peer
 keeps it waiting. :class:`TransferClock` gives the window between the two: the transfer's
 expected duration, ``factor × bytes / bandwidth``, during which the wait polls at its shortest
-sleep (:class:`pserver.comm.waiting.Backoff`'s ``tight``) before it backs off.
+sleep (:class:`pserver.comm.backoff.Backoff`'s ``tight``) before it backs off.
 
 The bandwidth is the best of the last ``history`` transfers (bytes / seconds from start to
 completion). A transfer slowed by a late peer thus never lengthens the window (it only lowers

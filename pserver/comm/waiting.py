@@ -4,14 +4,15 @@ MPICH's blocking calls busy-poll: a rank blocked in ``Recv`` takes a core away f
 that share its node (docs/architecture.md, "Waiting without burning a core", has the figures and
 ``scripts/bench_wait.py`` measures them). Every wait here tests its requests a few times, then
 sleeps with back-off between ``comm.poll_min`` and ``comm.poll_max``, which adds at most
-``poll_max`` of latency and leaves the compute the CPU.
+``poll_max`` of latency and leaves the compute the CPU. The back-off itself (when to test,
+how long to sleep) is pure policy in :mod:`pserver.comm.backoff`, which the simulator shares;
+``usable_cores`` is re-exported here for the statistics server.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import sys
 import threading
 import time
@@ -19,13 +20,13 @@ from collections.abc import Callable, Sequence
 
 from mpi4py import MPI
 
+from pserver.comm.backoff import Backoff, long_poll_max
+from pserver.comm.backoff import usable_cores as usable_cores  # re-exported for roles/
 from pserver.comm.departures import Departures, is_failure
 from pserver.comm.liveness import Roster
 from pserver.comm.wire import Header
 from pserver.errors import PeerLost
 
-SPIN_TESTS = 64  # tests before the first sleep: a reply already on its way costs no sleep
-BACKOFF = 0.125  # each sleep is this share of the time waited so far (within poll_min..poll_max)
 LIVENESS_PERIOD = 1.0  # a wait this long checks, once per period, that no peer has died
 EXIT_GRACE = 1.0  # after an MPI error, how long a dying peer may take to show as ended
 #: PeerLog's name for what an allreduce brings: one message from the whole learner group
@@ -34,14 +35,6 @@ SUSPENDED = 1.0  # a sleep ending this much later than asked: the process did no
 ABSORB_RETRIES = 16  # tests of one wait that may each end in a lost learner's error (ULFM)
 PR_SET_TIMERSLACK = 29  # prctl(2)
 TIMER_SLACK_NS = 1000
-#: the longest sleep crowding may stretch comm.poll_max to (crowded_poll_max): a message to an
-#: idle rank is seen at most this late
-MAX_CROWDED_POLL = 0.02
-#: the ceiling of a wait that has lasted LONG_WAIT s (long_poll_max): per rank per core, and
-#: at most MAX_LONG_POLL; a shorter wait keeps poll_max (crowded), so busy waits are unchanged
-LONG_POLL = 0.02
-MAX_LONG_POLL = 0.1
-LONG_WAIT = 0.1
 
 _slack = threading.local()
 
@@ -56,103 +49,6 @@ def tighten_timer_slack() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_TIMERSLACK, TIMER_SLACK_NS, 0, 0, 0)
         except (OSError, AttributeError):  # no prctl: sleeps are just less punctual
             pass
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask; else the machine's count)."""
-    try:
-        return max(len(os.sched_getaffinity(0)), 1)
-    except (AttributeError, OSError):  # not Linux
-        return max(os.cpu_count() or 1, 1)
-
-
-def crowded_poll_max(poll_max: float, ranks_here: int, cores: int | None = None) -> float:
-    """The longest sleep of a wait on a node where ``ranks_here`` ranks share ``cores`` cores:
-    ``poll_max`` times the ranks per core when there are more ranks than cores, else
-    ``poll_max``, never above ``MAX_CROWDED_POLL``.
-
-    Every test of an idle rank costs CPU (a Python call and ``MPI_Test``); with ``poll_max``
-    alone, a hundred ranks on two cores woke so often that their tests took more CPU than the
-    compute they waited for (docs/performance.md, *Learners on two cores*, has the figures and
-    ``scripts/bench_scaling.py`` measures them). Scaled, the node's wake-ups stay about
-    ``cores / poll_max`` per second whatever the number of ranks, and the added latency is
-    what a crowded node's scheduler already imposes: with r ranks per core a woken rank waits
-    for its turn on a core behind up to r others anyway.
-    """
-    crowd = crowding(ranks_here, cores)
-    return min(poll_max * crowd, max(poll_max, MAX_CROWDED_POLL))
-
-
-def long_poll_max(poll_max: float, ranks_here: int, cores: int | None = None) -> float:
-    """The longest sleep of a wait that has already lasted long: ``LONG_POLL`` times the ranks
-    per core, at most ``MAX_LONG_POLL``, never below ``poll_max``.
-
-    It applies once a wait has lasted ``LONG_WAIT`` (0.1 s): a shorter wait (a busy rank's: a
-    pull's reply, the next minibatch) sleeps as before, and each sleep is still ``BACKOFF``
-    (1/8) of the time waited, so the latency a long wait adds stays within 1/8 of its length.
-    An idle rank (a learner waiting for a slow peer, a server between requests) then wakes
-    every ``LONG_POLL`` instead of every ``poll_max``: each wake-up costs CPU (a test, the
-    Python around it, a context switch), which made an idle rank's share of a core the
-    largest cost of a crowded node (docs/performance.md, *An idle rank's CPU*, has the
-    figures; ``scripts/bench_scaling.py --only idle`` measures them).
-    """
-    return max(poll_max, min(LONG_POLL * crowding(ranks_here, cores), MAX_LONG_POLL))
-
-
-def crowded_spin(ranks_here: int, cores: int | None = None) -> int:
-    """The tests a wait makes before its first sleep: ``SPIN_TESTS`` divided by the ranks per
-    core. Spinning pays when the reply is on its way from another core; on a crowded node the
-    peer that must send it needs the very core the spinning rank holds (docs/performance.md,
-    *Learners on two cores*)."""
-    return max(1, int(SPIN_TESTS / crowding(ranks_here, cores)))
-
-
-def crowding(ranks_here: int, cores: int | None = None) -> float:
-    """Ranks per core on this node, at least 1."""
-    cores = usable_cores() if cores is None else max(cores, 1)
-    return max(ranks_here / cores, 1.0)
-
-
-class Backoff:
-    """The one back-off of the code base: ``SPIN_TESTS`` tests without sleeping (a reply already
-    on its way costs no sleep; ``spin`` of them, :func:`crowded_spin` on a crowded node), then
-    each sleep ``BACKOFF`` of the time idle so far, within ``lo`` … ``hi`` (``comm.poll_min``
-    … ``comm.poll_max``, :func:`crowded_poll_max` on a crowded node). Used by :class:`Waiter`
-    and by the communication thread of :class:`pserver.comm.engine.CommEngine`.
-
-    ``tight`` seconds (default 0): a transfer expected to take about that long is under way and
-    moves on only while this rank tests it (MPICH progresses a non-blocking collective inside
-    MPI calls only), so for that long every sleep is ``lo``; the idle time that sets the later
-    sleeps counts from the window's end. The window is finite, so an idle rank still ends up
-    sleeping ``hi`` between tests; with ``tight = 0`` the rule is the one above.
-
-    ``long`` (default ``hi``): the ceiling once the wait has been idle ``LONG_WAIT`` s
-    (:func:`long_poll_max`); shorter waits are unchanged.
-    """
-
-    def __init__(
-        self,
-        lo: float,
-        hi: float,
-        tight: float = 0.0,
-        spin: int = SPIN_TESTS,
-        long: float | None = None,
-    ) -> None:
-        self.lo, self.hi, self.spin = lo, hi, spin
-        self.long = max(hi, long or hi)
-        self.restart(tight)
-
-    def restart(self, tight: float = 0.0) -> None:
-        """Something happened: the next tests spin again (and poll tightly for ``tight`` s)."""
-        self.tests, self.since, self.tight = 0, time.monotonic(), max(tight, 0.0)
-
-    def next_sleep(self) -> float:
-        """Seconds to sleep before the next test (0.0 while still spinning)."""
-        self.tests += 1
-        if self.tests < self.spin:
-            return 0.0
-        idle = time.monotonic() - self.since - self.tight
-        return min(max(BACKOFF * idle, self.lo), self.long if idle >= LONG_WAIT else self.hi)
 
 
 class PeerLog:
@@ -347,12 +243,12 @@ class Waiter:
         poll_min: float = 1e-5,
         poll_max: float = 1e-3,
         stall_timeout: float = 60.0,
-        spin: int = SPIN_TESTS,
+        spin: int | None = None,
         long_max: float | None = None,
     ) -> None:
         self.log, self.peers = log, peers
         self.poll_min, self.poll_max, self.stall_timeout = poll_min, poll_max, stall_timeout
-        self.spin = spin  # tests before the first sleep (Backoff)
+        self.spin = spin  # tests before the first sleep (Backoff; None: its default)
         # the ceiling of a wait idle LONG_WAIT s (Backoff's ``long``): by default long_poll_max
         # of a node with a rank per core, i.e. LONG_POLL
         self.long_max = max(long_poll_max(poll_max, 1, 1) if long_max is None else long_max,

@@ -13,16 +13,19 @@ any rank aborts the whole job with a message naming the rank and host: never a h
 
 from __future__ import annotations
 
-from pserver.runtime.session import mpi_defaults, own_session
+from pserver.runtime.session import alone, mpi_defaults, own_session, uname_without_fork
 
-# ruff: noqa: E402 - the imports below come after these two calls on purpose
+# ruff: noqa: E402 - the imports below come after these calls on purpose
 # first, before numpy, h5py and MPI_Init: a rank in its caller's session shares one process's
-# CPU with every other rank of an Open MPI job on a loaded machine, and MPI_Init reads the
-# MCA settings from the environment (pserver/runtime/session.py)
+# CPU with every other rank of an Open MPI job on a loaded machine, MPI_Init reads the MCA
+# settings from the environment, and h5py's import then forks no `uname -p`
+# (pserver/runtime/session.py)
 own_session()
 mpi_defaults()
+uname_without_fork()
 
 import argparse
+import gc
 import logging
 import socket
 import sys
@@ -141,12 +144,23 @@ def main(argv: list[str] | None = None) -> int:
     from pserver.comm.departures import heartbeat
 
     with heartbeat(MPI.COMM_WORLD):  # Open MPI's ULFM (issue 22): heard while busy
-        return rank_main(argv, MPI.COMM_WORLD)
+        code = rank_main(argv, MPI.COMM_WORLD)
+    # a run that ended well, launched, no other thread that could still call MPI: finalize
+    # here, so the wait for the other ranks at the end is a phase of its own
+    if code == 0 and alone():
+        if not MPI.Is_finalized():  # under ULFM the heartbeat's exit has (bounded)
+            MPI.Finalize()
+        PHASES.mark("finalize")  # MPI_Finalize: MPICH's waits for the other ranks
+        # the interpreter's exit need not collect what the run left: freed with the process
+        gc.disable()
+        gc.freeze()
+    return code
 
 
 def rank_main(argv: list[str] | None, world: MPI.Comm) -> int:
     """One rank's life under ``main``."""
-    from pserver.comm.waiting import PeerLog, Waiter, crowded_poll_max, crowded_spin
+    from pserver.comm.backoff import crowded_poll_max, crowded_spin
+    from pserver.comm.waiting import PeerLog, Waiter
     from pserver.runtime.startup import agree, failure_message, outcome, status_of
 
     rank, size = world.Get_rank(), world.Get_size()

@@ -16,10 +16,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from pserver.comm.backoff import crowded_poll_max, crowded_spin
 from pserver.comm.channels import Channels
 from pserver.comm.liveness import Roster, this_process
 from pserver.comm.records import RecordBuffer
-from pserver.comm.waiting import PeerLog, Waiter, crowded_poll_max, crowded_spin
+from pserver.comm.waiting import PeerLog, Waiter
 from pserver.errors import ConfigError
 from pserver.plan.config import Config, check_fail_learner, inject_plan, revised
 from pserver.plan.limits import NodeBudget, RunSizes, available_memory, check_blas_threads
@@ -237,7 +238,7 @@ class Context:
 
 def make_waiter(plan: Plan, log: logging.Logger, peers: PeerLog) -> Waiter:
     """A Waiter with ``[comm]``'s back-off, stretched by the ranks per core of this rank's
-    node (:func:`pserver.comm.waiting.crowded_poll_max`, :func:`~.crowded_spin`)."""
+    node (:func:`pserver.comm.backoff.crowded_poll_max`, :func:`~.crowded_spin`)."""
     c = plan.cfg.comm
     here = plan.nodes.count(plan.nodes[plan.rank]) if plan.nodes else 1
     return Waiter(

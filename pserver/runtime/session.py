@@ -1,6 +1,8 @@
 """What a rank does before anything else, so that its start and CPU share do not depend on
 which MPI launched it: a session of its own, as MPICH's launcher gives it (:func:`own_session`),
-and Open MPI's start without its slowest probe (:func:`mpi_defaults`).
+and Open MPI's start without its slowest probe (:func:`mpi_defaults`); h5py's import
+without a ``uname -p`` child process (:func:`uname_without_fork`); and whether a rank may
+finalize MPI itself at its end (:func:`alone`).
 
 Linux's scheduler shares the CPU between sessions first (autogroups,
 ``/proc/sys/kernel/sched_autogroup_enabled``), then between the processes of a session.
@@ -19,6 +21,7 @@ pid: a launcher that signals the rank or its group reaches it as before.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, MutableMapping
 
 #: variables a launcher sets in every rank's environment (Open MPI/PMIx, MPICH/PMI, Slurm)
@@ -34,6 +37,12 @@ OPEN_MPI_DEFAULTS = {
 }
 
 
+def launched(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is a rank started by a launcher (its environment says so)."""
+    env = os.environ if environ is None else environ
+    return any(k in env for k in LAUNCHED)
+
+
 def own_session(environ: Mapping[str, str] | None = None) -> bool:
     """Make this rank a session (and autogroup) of its own; True if it now is one.
 
@@ -41,8 +50,7 @@ def own_session(environ: Mapping[str, str] | None = None) -> bool:
     (e.g. an interactive Python inside ``srun --pty``: its terminal's Ctrl-C must still reach
     it; a launcher gives its ranks a pipe or /dev/null) or one that already leads its session.
     """
-    env = os.environ if environ is None else environ
-    if not hasattr(os, "setsid") or not any(k in env for k in LAUNCHED) or _on_terminal():
+    if not hasattr(os, "setsid") or not launched(environ) or _on_terminal():
         return False
     pid = os.getpid()
     if os.getsid(0) == pid:
@@ -79,3 +87,47 @@ def mpi_defaults(environ: MutableMapping[str, str] | None = None) -> dict[str, s
     chosen = {k: v for k, v in OPEN_MPI_DEFAULTS.items() if k not in env}
     env.update(chosen)
     return chosen
+
+
+def uname_without_fork() -> None:
+    """Let ``platform.uname()[i]`` for the five fields of ``uname(2)`` (system … machine) be
+    read without computing the sixth, ``processor``, which Python gets on Linux by running
+    ``uname -p`` in a child process.
+
+    Importing h5py reads ``platform.uname()[4]`` (the machine), and a ``uname_result``'s
+    ``__getitem__`` builds the whole tuple first, so every rank that imports h5py (the
+    statistics server at start, every rank at its end checkpoint) forked a process for a field
+    it never reads (docs/performance.md, *A job's start-up*, has the cost).
+    The values are unchanged; ``processor``, a slice or a negative index is still computed as
+    Python does."""
+    import platform  # here, not above: own_session runs before anything it need not wait for
+
+    result = getattr(platform, "uname_result", None)
+    full = getattr(result, "__getitem__", None)
+    if result is None or full is None or getattr(full, "_pserver", False):
+        return
+    base = result.__mro__[1]  # the namedtuple of the five uname(2) fields
+    if getattr(base, "_fields", None) != ("system", "node", "release", "version", "machine"):
+        return  # another Python's layout: leave it alone
+
+    def getitem(self: object, key: object) -> object:
+        if isinstance(key, int) and 0 <= key < len(base._fields):
+            return base.__getitem__(self, key)
+        return full(self, key)
+
+    getitem._pserver = True  # type: ignore[attr-defined]
+    result.__getitem__ = getitem
+
+
+def alone(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this is a launched rank whose main thread is its only thread: it may finalize
+    MPI itself before Python's exit (no other thread could still call MPI), which times
+    ``MPI_Finalize`` as a phase of its own (``pserver.job.cli.main``).
+
+    Ending such a rank with ``os._exit`` right after ``MPI_Finalize``, which would save the
+    interpreter's teardown, made MPICH's Hydra kill the ranks still finalizing (exit 9): the
+    launcher saw a rank's exit before its finalize; not done (docs/performance.md, *A job's
+    start-up*, has the measurements)."""
+    main = threading.main_thread()
+    others = [t for t in threading.enumerate() if t is not main and t.is_alive()]
+    return launched(environ) and not others

@@ -21,29 +21,27 @@ learners cost no generators) and a learner's compute times do not depend on the 
   (not the emulated compute, which the trainer sleeps) and its step's CPU (:meth:`step_cpu`),
   the shard's handling of a message and the statistics server's ``sim.other_cpu`` per ``train``
   row are CPU jobs of one processor-sharing queue, stretched while more jobs than cores run;
-* with ``sim.polls``, a waiting rank's polls (``pserver.comm.waiting.Backoff``): a learner
-  waiting for a pull's reply, or the shard for its next message, tests between sleeps of
-  ``POLL_SHARE`` (1/8) of the time waited so far, within ``comm.poll_min`` … ``comm.poll_max``
-  (stretched by the ranks per core of ``sim.cores``, ``crowded_poll_max``), and sees what
-  arrived at its next test (:func:`noticed`).
+* with ``sim.polls``, a waiting rank's polls: a learner waiting for a pull's reply, or the
+  shard for its next message, tests as the real ranks' back-off spaces its tests
+  (``pserver.comm.backoff.Backoff``, driven here on a simulated clock: 1/8 of the time waited
+  so far, within ``comm.poll_min`` … ``comm.poll_max``, the latter stretched by the ranks per
+  core of ``sim.cores``, ``crowded_poll_max``), and sees what arrived at its next test
+  (:func:`noticed`).
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 from dataclasses import dataclass
 
+from pserver.comm.backoff import MAX_CROWDED_POLL, Backoff
 from pserver.plan.config import Config, SimConfig, inject_plan
 from pserver.plan.inject import InjectPlan, uniform
 
 COMPUTE_SALT = 0x51D  # keeps the compute draws apart from InjectPlan's delay draws
 REPLY_SALT = 0x8E9  # and the reply latencies apart from both
-
-
-#: pserver.comm.waiting's back-off (that module imports mpi4py; the simulator does not):
-#: each sleep is this share of the time waited so far, and a crowded node's longest sleep
-POLL_SHARE = 0.125
-MAX_CROWDED_POLL = 0.02
 
 
 @dataclass(frozen=True)
@@ -143,19 +141,32 @@ def lognormal(cv: float, *key: int) -> float:
 
 
 def noticed(arrival: float, lo: float, hi: float) -> float:
-    """The first test at or after ``arrival`` s into a wait whose sleeps are ``POLL_SHARE`` × the
-    time waited, within ``lo`` … ``hi`` (``pserver.comm.waiting.Backoff``; its first tests
-    spin, taken as no time): sleeps of ``lo`` up to ``lo / POLL_SHARE`` s, then each test ``1 +
-    POLL_SHARE`` times the last, then sleeps of ``hi`` from ``hi / POLL_SHARE`` s."""
+    """The first test at or after ``arrival`` s into a wait whose back-off sleeps within ``lo``
+    … ``hi``: the real ``pserver.comm.backoff.Backoff``'s schedule (:func:`poll_times`; its
+    spinning tests taken as no time), then sleeps of ``hi``. A wait with ``lo`` ≤ 0 tests
+    without sleeping: it sees a message as it arrives."""
     if arrival <= 0.0 or lo <= 0.0:
         return max(arrival, 0.0)
-    knee = lo / POLL_SHARE
-    if arrival <= knee:
-        return math.ceil(arrival / lo - 1e-9) * lo
-    growth = math.log1p(POLL_SHARE)
-    capped = max(math.ceil(math.log(hi / lo) / growth - 1e-9), 0)  # tests to the longest sleep
-    k = math.ceil(math.log(arrival / knee) / growth - 1e-9)
-    if k <= capped:
-        return knee * (1.0 + POLL_SHARE) ** k
-    t = knee * (1.0 + POLL_SHARE) ** capped
-    return t + math.ceil((arrival - t) / hi - 1e-9) * hi
+    times = poll_times(lo, hi)
+    end = times[-1]
+    if arrival <= end:
+        return times[bisect.bisect_left(times, arrival * (1.0 - 1e-12))]
+    return end + math.ceil((arrival - end) / hi - 1e-9) * hi
+
+
+@functools.lru_cache(maxsize=64)
+def poll_times(lo: float, hi: float) -> tuple[float, ...]:
+    """When a wait tests, in seconds from its start, until its sleeps reach ``hi``:
+    ``Backoff(lo, hi)`` asked for each sleep on a simulated clock (one spinning test, at 0).
+    Within one wait the back-off never sleeps less than it last did nor more than ``hi`` (no
+    ``long`` ceiling here, as the simulator's waits have none), so past the last time listed
+    every sleep is ``hi``."""
+    now = [0.0]
+    backoff = Backoff(lo, hi, spin=1, clock=lambda: now[0])
+    times = [0.0]
+    while True:
+        sleep = backoff.next_sleep()
+        now[0] += sleep
+        times.append(now[0])
+        if sleep >= hi:
+            return tuple(times)
