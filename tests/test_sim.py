@@ -86,8 +86,8 @@ def test_both_event_loops_give_the_same_dump(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "says"),
     [
-        (["cluster.learners=4", "protocol.name=async", "protocol.predict=true"],
-         "no protocol.predict"),
+        (["cluster.learners=4", "protocol.name=async", "comm.mode=thread", "sim.polls=true"],
+         "sim.polls is not simulated"),
         (["cluster.learners=0"], "cluster.learners = 0"),
         (["cluster.learners=4", "blocks.count=100000"], "blocks.count = 100000 exceeds"),
         (["cluster.learners=4", "cluster.servers=3", "blocks.count=2"],

@@ -6,6 +6,7 @@ One process, no MPI (the exact agreement with real runs: tests/test_sim_shards_m
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 
 from pserver.dump.check import check_dump
 from pserver.dump.reader import Dump, load_dump
+from pserver.optim.prediction import WINDOW
 from pserver.plan.config import load_config
 from pserver.plan.topology import split_blocks
 from pserver.sim.engine import model_bytes, simulate
@@ -130,6 +132,14 @@ def test_both_event_loops_give_the_same_dump_with_several_shards(tmp_path):
         (["cluster.servers=2", "blocks.count=1"], "cannot feed cluster.servers = 2"),
         (["cluster.servers=2", "blocks.count=2", "inject.slow_server=2"],
          "inject.slow_server = 2"),
+        # sim-more's engines are simulated over one shard with one block (engine.check_one_block)
+        (["cluster.servers=2", "blocks.count=2", "cluster.tree_fanout=2"],
+         "cluster.tree_fanout = 2: pserver-sim simulates it with one shard and one block only"),
+        (["blocks.count=3", "protocol.name=async", "comm.mode=thread"],
+         "comm.mode = 'thread': pserver-sim simulates it with one shard and one block only"),
+        (["cluster.servers=2", "blocks.count=2", "protocol.name=hardsync",
+          "comm.mode=nonblocking", "cluster.bcast_fanout=2"],
+         "cluster.bcast_fanout = 2, comm.mode = 'nonblocking': pserver-sim simulates it"),
     ],
 )
 def test_bad_shards_are_one_line_exit_2_and_nothing_written(tmp_path, overrides, says):
@@ -142,3 +152,26 @@ def test_bad_shards_are_one_line_exit_2_and_nothing_written(tmp_path, overrides,
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("pserver-sim: error: ")
     assert says in r.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("overrides", [
+    ["protocol.name=async"],
+    ["protocol.name=softsync", "protocol.n=2"],
+    PSP,
+], ids=["async", "softsync", "psp-partial"])  # fmt: skip
+def test_pp_asgd_on_two_shards_predicts_every_block_and_writes_the_first_blocks_rows(
+    tmp_path, overrides
+):
+    """As ``ShardRows.prediction``: one ``predictions`` row per update of each shard's first
+    block, its S̄ the running mean of that shard's ``updates`` rows' ⟨σ⟩."""
+    d = sim(tmp_path, "cluster.servers=2", "blocks.count=5", *overrides, "protocol.predict=true")
+    assert check_dump(d) == []
+    up, pr = d.group("updates"), d.group("predictions")
+    assert sorted(np.unique(pr["shard"])) == [0, 1]
+    for shard in (0, 1):
+        mine_up, mine_pr = up["shard"] == shard, pr["shard"] == shard
+        assert np.array_equal(pr["timestamp"][mine_pr], up["timestamp"][mine_up])
+        sigma = up["mean_staleness"][mine_up]
+        want = np.array([sigma[max(0, i + 1 - WINDOW):i + 1].mean() for i in range(len(sigma))])
+        np.testing.assert_allclose(pr["staleness_mean"][mine_pr], want, rtol=1e-12)
+        assert np.array_equal(pr["steps"][mine_pr], [max(0, math.floor(m)) for m in want])

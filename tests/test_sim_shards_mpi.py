@@ -2,7 +2,8 @@
 deterministic (issue 23): hardsync with 2 shards × 2 blocks, with one and with four learners —
 each shard's rounds (timestamps, n_gradients, ⟨σ⟩, the learning rate) and their vector clocks,
 every block's end-of-run counts and the learners' minibatches are identical; with one learner
-also every shard's gradient rows."""
+also every shard's gradient rows; and PP-ASGD over async with one learner on 2 shards × 2 blocks:
+every shard's updates and its ``predictions`` rows (its first block's)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ pytestmark = pytest.mark.mpi
 SHARDS = ["protocol.name=hardsync", "cluster.servers=2", "blocks.count=2"]
 
 
-def real_and_simulated(tmp_path: Path, n: int) -> tuple[Dump, Dump]:
-    common = [f"cluster.learners={n}", "run.epochs=1", *SHARDS]
+def real_and_simulated(tmp_path: Path, n: int, *extra: str) -> tuple[Dump, Dump]:
+    common = [f"cluster.learners={n}", "run.epochs=1", *SHARDS, *extra]
     train(tmp_path / "real", n + 4, *common, timeout=300)  # 2 shards, stats, data, λ learners
     cfg = load_config(str(QUICKSTART), [f"run.out_dir={tmp_path / 'sim'}", *common])
     simulate(cfg)
@@ -83,3 +84,12 @@ def test_hardsync_rounds_and_clocks_of_two_shards_agree_at_four_learners(tmp_pat
             for u in np.unique(g["update"][mine]):
                 assert sorted(g["learner"][mine & (g["update"] == u)]) == [0, 1, 2, 3]
             assert np.all(g["staleness"][mine] == 0)
+
+
+def test_pp_asgd_with_one_learner_on_two_shards_agrees_exactly(tmp_path):
+    real, sim = real_and_simulated(tmp_path, 1, "protocol.name=async", "protocol.predict=true")
+    assert real.rows("predictions") > 100
+    same_per_shard(real, sim, "updates", ("timestamp", "n_gradients", "mean_staleness", "lr",
+                                          "vector_clock"))
+    same_per_shard(real, sim, "predictions", ("timestamp", "steps", "staleness_mean"))
+    same_blocks_and_learners(real, sim)

@@ -231,6 +231,13 @@ class SimConfig(Sealable):
     cpu: float = 0.0  # CPU s of a learner per minibatch in all (with cores; 0: its compute)
     other_cpu: float = 0.0  # CPU s of the statistics server per minibatch (with cores)
     polls: bool = False  # waits poll with comm.poll_min..poll_max back-off (pserver.sim.costs)
+    # a link of the aggregator tree (cluster.tree_fanout; pserver.sim.tree): 0 takes latency,
+    # bandwidth
+    tree_latency: float = 0.0  # s per message between a tree node and its parent, either way
+    tree_bandwidth: float = 0.0  # bytes/s of that link
+    # a link of the learners' broadcast tree (cluster.bcast_fanout): 0 takes latency, bandwidth
+    bcast_latency: float = 0.0  # s per message between a learner and its parent learner
+    bcast_bandwidth: float = 0.0  # bytes/s of that link
 
 
 @dataclass
@@ -363,6 +370,10 @@ NON_NEGATIVE = {
     "sim.cores",
     "sim.cpu",
     "sim.other_cpu",
+    "sim.tree_latency",
+    "sim.tree_bandwidth",
+    "sim.bcast_latency",
+    "sim.bcast_bandwidth",
 }
 # the bounds of the strategies' own keys (protocol.n > 0, protocol.c >= 0, ...)
 POSITIVE |= {f"protocol.{k}" for k, p in strategies.params().items() if p.bound == "> 0"}

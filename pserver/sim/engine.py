@@ -3,7 +3,9 @@
 ``simulate(cfg)`` is the whole of ``pserver-sim CONFIG``: λ = ``cluster.learners``,
 ``cluster.servers`` shards over ``blocks.count`` blocks (``pserver.sim.servers``,
 ``pserver.sim.shard``), λ blocking learners (``pserver.sim.learner``; BMUF's and MA's
-``pserver.sim.local_steps``) — or, for the learners-only strategies, their run
+``pserver.sim.local_steps``) or overlapped ones (``pserver.sim.overlap``), PP-ASGD's predictions
+(``pserver.sim.predict``), the aggregator and broadcast trees (``pserver.sim.tree``) — or, for
+the learners-only strategies, their run
 (``pserver.sim.collective``: SYNC, HYBRID; ``pserver.sim.gossip``: ADPSGD) — the cost model of
 ``[sim]`` and ``[inject]`` (``pserver.sim.costs``), and the dump in ``run.out_dir`` with the
 real run's schema and a ``simulated`` root attribute. What is simulated and what is refused:
@@ -28,6 +30,7 @@ from pserver import __version__
 from pserver.dump.writer import StatsWriter
 from pserver.errors import ConfigError
 from pserver.plan.config import Config, inject_plan, pull_timestamp
+from pserver.plan.topology import tree_size
 from pserver.protocols.partial_pull import PullRule
 from pserver.runtime.outdir import check_out_dir
 from pserver.runtime.rundir import DUMP_NAME, expand, point_latest, run_id
@@ -38,8 +41,11 @@ from pserver.sim.gossip import GossipRun
 from pserver.sim.learner import DataServer, SimLearner
 from pserver.sim.local_steps import LocalStepsLearner
 from pserver.sim.loop import make_loop
+from pserver.sim.overlap import OverlapLearner, check_overlap
 from pserver.sim.rows import Rows
 from pserver.sim.servers import Servers, model_blocks
+from pserver.sim.shard import SimShard
+from pserver.sim.tree import TreeShard, plant, plant_bcast
 from pserver.strategies import lookup
 
 #: the learners-only strategies a simulation runs, by name: their run (pserver.sim.collective,
@@ -86,23 +92,29 @@ def check_supported(cfg: Config) -> int:
             )
         inject_plan(cfg).validate(0, n)
         return n
-    limits = {
-        "cluster.tree_fanout": (cfg.cluster.tree_fanout, 0),
-        "cluster.bcast_fanout": (cfg.cluster.bcast_fanout, 0),
-    }
-    for key, (value, only) in limits.items():
-        if value != only:
-            raise ConfigError(
-                f"{key} = {value}: pserver-sim simulates no trees; "
-                f"set {key} = {only}"
-            )
-    if cfg.comm.mode != "blocking" or cfg.protocol.predict or cfg.blocks.split != "size":
-        raise ConfigError(
-            'pserver-sim simulates comm.mode = "blocking", blocks.split = "size" and no '
-            "protocol.predict: set those"
-        )
+    if cfg.blocks.split != "size":
+        raise ConfigError('pserver-sim simulates blocks.split = "size": set it')
+    check_one_block(cfg)
+    check_overlap(cfg)
     inject_plan(cfg).validate(cfg.cluster.servers, n)  # a slow shard or learner that exists
     return n
+
+
+def check_one_block(cfg: Config) -> None:
+    """``ConfigError`` for the trees and the overlapped engines with several shards or blocks:
+    they are simulated over one shard with one block only (pserver/sim/tree.py,
+    pserver/sim/overlap.py)."""
+    c = cfg.cluster
+    uses = [f"cluster.{key} = {value}" for key, value in
+            (("tree_fanout", c.tree_fanout), ("bcast_fanout", c.bcast_fanout)) if value]
+    if cfg.comm.mode != "blocking":
+        uses.append(f"comm.mode = {cfg.comm.mode!r}")
+    if uses and (c.servers != 1 or cfg.blocks.count != 1):
+        raise ConfigError(
+            f"{', '.join(uses)}: pserver-sim simulates it with one shard and one block only, "
+            f"this run has cluster.servers = {c.servers} and blocks.count = {cfg.blocks.count}: "
+            "set both to 1"
+        )
 
 
 def model_bytes(cfg: Config) -> tuple[int, int]:
@@ -163,23 +175,35 @@ def simulate(cfg: Config, rid: str | None = None) -> Outcome:
 
 def run_shard(loop: Any, cfg: Config, costs: Costs, rows: Rows, n: int, train_size: int,
               costs_bytes: int) -> tuple[int, dict[str, float]]:  # fmt: skip
-    """The parameter-server strategies: ``cluster.servers`` shards, λ learners; the updates
-    applied and, with ``sim.cores``, the statistics server's CPU for the dump's root."""
-    shard = Servers(loop, cfg, costs, rows, n, train_size)
+    """The parameter-server strategies: ``cluster.servers`` shards, λ learners (and a tree's
+    aggregators); the updates applied and, with ``sim.cores``, the statistics server's CPU for
+    the dump's root."""
+    tree = cfg.cluster.tree_fanout > 0  # the aggregator tree (pserver.sim.tree)
+    shard = Servers(loop, cfg, costs, rows, n, train_size, TreeShard if tree else SimShard)
     data = DataServer(cfg.sim.data_time)
     rule, waits = pull_timestamp(cfg), lookup(cfg.protocol.name).waits_for_update
     p = cfg.protocol
     kind, extra = SimLearner, {}
     if p.name in LOCAL_STEPS:
         kind, extra = LocalStepsLearner, {"tau": p.tau}
+    elif cfg.comm.mode != "blocking":  # the overlapped engines (pserver.sim.overlap)
+        kind, extra = OverlapLearner, {"max_inflight": cfg.comm.max_inflight}
     shard.learners = [
         kind(k, loop, costs, rows, shard, data, PullRule(rule, waits), p.pull_fraction, p.tau2,
              **extra)
         for k in range(n)
     ]  # fmt: skip
+    learners = list(shard.learners)
+    starts = [learner.start for learner in learners]
+    if tree:  # the shard answers the top aggregators as λ + their index
+        aggs = plant(cfg, loop, costs, rows, shard.shards[0], learners)
+        shard.learners = [*learners, *aggs]
+        starts += [a.start for a in aggs]
+    if cfg.cluster.bcast_fanout:  # the learners' broadcast tree (overlapped learners)
+        plant_bcast(cfg, costs, learners)
     cores = share_cores(loop, cfg, shard)
-    for learner in shard.learners:
-        loop.after(cfg.sim.start_time, learner.start)
+    for start in starts:
+        loop.after(cfg.sim.start_time, start)
     loop.run()
     shard.end_rows()
     shared = {} if cores is None else {"stats_cpu_time": cfg.sim.other_cpu * rows_of(shard)}
@@ -206,17 +230,18 @@ def rows_of(shard: Servers) -> int:
 
 def root_attrs(cfg: Config, n: int) -> dict[str, Any]:
     """The root attributes a real run's statistics server writes that mean something here."""
+    world = cfg.cluster.servers + 2 + n + tree_size(n, cfg.cluster.tree_fanout)
     return {
         "config": cfg.to_dict(),
         "protocol": cfg.protocol.name,
         "n_learners": n,
         "n_servers": cfg.cluster.servers,
-        "world_size": cfg.cluster.servers + 2 + n,
+        "world_size": world,
         "pserver_version": __version__,
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         # the cores its ranks shared; without sim.cores each rank had its own
-        "cores": int(round(cfg.sim.cores)) if cfg.sim.cores > 0 else cfg.cluster.servers + 2 + n,
+        "cores": int(round(cfg.sim.cores)) if cfg.sim.cores > 0 else world,
         "run_dir": cfg.run.out_dir,
         "simulated": json.dumps({"loop": cfg.sim.loop}),
     }

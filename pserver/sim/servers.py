@@ -31,14 +31,16 @@ def model_blocks(cfg: Config, nbytes: int) -> list[Block]:
 
 
 class Servers:
-    """``cluster.servers`` simulated shards over the blocks of ``model_blocks``."""
+    """``cluster.servers`` simulated shards over the blocks of ``model_blocks``; ``kind``: the
+    shard's class (``pserver.sim.tree.TreeShard`` under an aggregator tree)."""
 
     def __init__(
         self, loop: Any, cfg: Config, costs: Costs, rows: Rows, n_learners: int, train_size: int,
+        kind: type[SimShard] = SimShard,
     ) -> None:  # fmt: skip
         self.blocks: Sequence[Block] = model_blocks(cfg, costs.nbytes)
         self.shards = [
-            SimShard(loop, cfg, costs, rows, n_learners, train_size, s,
+            kind(loop, cfg, costs, rows, n_learners, train_size, s,
                      [b for b in self.blocks if b.shard == s])
             for s in range(cfg.cluster.servers)
         ]  # fmt: skip
@@ -76,3 +78,13 @@ class Servers:
         """Every shard's ``servers`` row and its blocks' ``blocks`` rows."""
         for shard in self.shards:
             shard.end_rows()
+
+
+class Via:
+    """A learner's route to every block through one node in place of the shards (its
+    aggregator, ``pserver.sim.tree.plant``): what ``Servers`` offers a learner."""
+
+    def __init__(self, node: Any, blocks: Sequence[Block], nbytes: list[int]) -> None:
+        self.blocks, self.nbytes = blocks, nbytes
+        self.of = [node] * len(blocks)
+        self.shards = [node]

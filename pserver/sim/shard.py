@@ -10,7 +10,11 @@ injected reply delays of ``InjectPlan`` (drawn per shard, learner and request, a
 ``ShardInjection`` counts them). A block holds a one-element stand-in for its weights: the
 simulation computes nothing on them, but the step's learning rate, the counters and the stop come
 from the real object. As in ``ShardRows``, the ``gradients``, ``staleness`` and ``updates`` rows
-come from the shard's first block alone.
+come from the shard's first block alone, and so do PP-ASGD's ``predictions`` rows
+(``pserver.sim.predict``: every block predicts with its own ``Predictor``). A push is taken by
+:meth:`SimShard.take` as ``ServerShard.take_gradient`` takes it: one learner's gradient, or an
+aggregator's sum with its (learner, timestamp) pairs (``pserver.sim.tree.TreeShard``, over one
+shard with one block).
 
 Messages are served one at a time in arrival order (the shard's loop reads its control
 messages in order); each costs ``Costs.service`` seconds for its block's bytes (CPU seconds on
@@ -31,6 +35,7 @@ from pserver.plan.topology import Block
 from pserver.protocols.bmuf_block import SHARD_BLOCKS
 from pserver.protocols.pull import Reply, pull_answer
 from pserver.sim.costs import Costs
+from pserver.sim.predict import predicting
 from pserver.sim.rows import Rows
 from pserver.strategies.serving import serving
 
@@ -76,6 +81,10 @@ class SimShard:
         self.blocks = {b.index: SimBlock(b, cfg, n_learners, train_size) for b in blocks}
         self.first = min(self.blocks)  # ShardRows: the rows are the first block's
         self.block = self.blocks[self.first].arith  # its ShardBlock
+        # PP-ASGD: every block predicts with its own Predictor; the predictions rows are the
+        # first block's (ShardRows.prediction); None where the registry says no
+        writers = {i: predicting(st.arith, rows, index) for i, st in self.blocks.items()}
+        self.predictions = writers[self.first]
         self.learners: list[Any] = []  # SimLearner by index, set by the engine
         self.queue: deque[Message] = deque()
         self.busy = False
@@ -102,7 +111,8 @@ class SimShard:
 
     def arrive(self, kind: int, learner: int, block: int, ts: int, extra: int | None) -> None:
         """A message reaches the shard: ``(PUSH, k, b, ts, iteration)``, ``(PULL, k, b, holds,
-        accepts)`` or ``(BYE, k, -1, -1, None)``."""
+        accepts)`` or ``(BYE, k, -1, -1, None)`` (and a tree's ``SUM`` and ``RETIRE``,
+        ``pserver.sim.tree``)."""
         self.queue.append((kind, learner, block, ts, extra))
         if not self.busy:
             self.wake()
@@ -157,22 +167,27 @@ class SimShard:
     # -- pushes (ServerShard.take_gradient, update, after_update) ------------------------------
 
     def on_push(self, learner: int, block: int, sent_ts: int, iteration: int | None) -> None:
+        self.take(block, [(learner, sent_ts, iteration)])
+
+    def take(self, block: int, entries: list[tuple[int, int, int | None]]) -> None:
+        """The gradient(s) of one push of ``block``: a learner's, or an aggregator's sum of
+        several (``pserver.sim.tree``), taken whole or dropped whole."""
         st = self.blocks[block]
         a = st.arith
         g = a.inbox()
         self.bytes_in += st.nbytes
         now = self.loop.now
         ts = a.ts
-        taken = a.accept([(learner, sent_ts, iteration)], g, now)
+        taken = a.accept(entries, g, now)
         if taken.after_stop:
-            self.dropped_after_stop += 1
+            self.dropped_after_stop += len(entries)
             return
-        if block == self.first:  # ShardRows.gradient
-            d = taken.decisions[0]
-            update = ts + 1 if taken.accepted else -1
-            self.grads.append((self.index, learner, sent_ts, d.staleness, update, now))
-            if update != -1:
-                self.sigmas.append((learner, self.index, sent_ts, d.staleness, now))
+        update = ts + 1 if taken.accepted else -1
+        if block == self.first:  # ShardRows.gradient: one row per (learner, ts) pair
+            for (learner, sent_ts, _), d in zip(entries, taken.decisions, strict=True):
+                self.grads.append((self.index, learner, sent_ts, d.staleness, update, now))
+                if update != -1:
+                    self.sigmas.append((learner, self.index, sent_ts, d.staleness, now))
         if a.ready(now):
             self.update(st)
         elif not taken.accepted and a.epochs.counts_drops:
@@ -181,11 +196,13 @@ class SimShard:
     def update(self, st: SimBlock) -> None:
         a = st.arith
         applied = a.apply(a.commit())
-        if st.index == self.first:  # ShardRows.update
+        if st.index == self.first:  # ShardRows.update, ShardRows.prediction
             d = applied.decision
             self.updates.append((self.index, d.new_timestamp, self.loop.now,
                                  len(d.vector_clock), d.mean_staleness, applied.lr))
             self.rows.clocks.append(d.vector_clock)
+            if self.predictions is not None:
+                self.predictions.add(applied, a)
             if self.grads.full() or self.updates.full():
                 for t in (self.grads, self.sigmas, self.updates):
                     self.rows.write(t)  # the clocks go with the updates
