@@ -213,13 +213,7 @@ class SimAggregator:
         self.reply(child, answer)
 
     def reply(self, child: int, answer: Reply) -> None:
-        request = self.requests.get(child, 0)
-        self.requests[child] = request + 1
-        payload = answer is Reply.WEIGHTS
-        if payload:
-            self.bytes_out += self.costs.nbytes
-        trip = self.costs.reply(payload, child, request)
-        self.loop.after(trip, self.children[child].on_reply, BLOCK, answer, self.ts)
+        self.bytes_out += send_answer(self, self.children[child], child, answer, self.ts)
 
     # -- upwards: the children's gradients ----------------------------------------------
 
@@ -364,13 +358,7 @@ class Children:
         if answer is None:
             self.waiting.append((child, holds, accepts))
             return
-        request = self.requests.get(child, 0)
-        self.requests[child] = request + 1
-        payload = answer is Reply.WEIGHTS
-        if payload:
-            self.relayed_bytes += self.costs.nbytes
-        trip = self.costs.reply(payload, child, request)
-        self.loop.after(trip, self.kids[child].on_reply, BLOCK, answer, me.have)
+        self.relayed_bytes += send_answer(self, self.kids[child], child, answer, me.have)
 
     def answer(self) -> None:
         """Serve again the pulls that waited for weights newer than ours."""
@@ -380,6 +368,18 @@ class Children:
 
     def drained(self) -> bool:
         return not self.live
+
+
+def send_answer(node: Any, to: Any, child: int, answer: Reply, ts: int) -> int:
+    """An aggregator's or a relaying learner's answer to a child's pull, on its way: counted
+    as the child's next request (the delay draws' index), timed by the node's link costs and
+    delivered as ``to.on_reply``; returns the payload bytes it sent (0 without weights)."""
+    request = node.requests.get(child, 0)
+    node.requests[child] = request + 1
+    payload = answer is Reply.WEIGHTS
+    trip = node.costs.reply(payload, child, request)
+    node.loop.after(trip, to.on_reply, BLOCK, answer, ts)
+    return node.costs.nbytes if payload else 0
 
 
 def bcast_costs(cfg: Config, costs: Costs) -> Costs:
