@@ -30,6 +30,30 @@ def real_and_simulated(tmp_path: Path, n: int, overrides: list[str]):  # noqa: A
 
 UPDATES = ("timestamp", "n_gradients", "mean_staleness", "lr", "vector_clock")
 
+
+def agreeing(tmp_path: Path, n: int, overrides: list[str], least: int):  # noqa: ANN201
+    """The pair of runs, with more than ``least`` updates, whose updates (vector clocks
+    included) and blocks are identical: what every case below where no timing decides shares."""
+    real, sim = real_and_simulated(tmp_path, n, overrides)
+    assert real.rows("updates") > least
+    same(real, sim, "updates", UPDATES)
+    same(real, sim, "blocks", ("timestamp", "applied", "dropped"))
+    return real, sim
+
+
+def each_round_took_every_learner(dump, n: int) -> None:  # noqa: ANN001
+    """Every update applied one gradient of each of the ``n`` learners (the order within a
+    round is timing, the set is not)."""
+    g = dump.group("gradients")
+    for u in np.unique(g["update"]):
+        assert sorted(g["learner"][g["update"] == u]) == list(range(n))
+
+
+def per_learner(dump, column: str) -> list:  # noqa: ANN001
+    """(learner, its ``column`` in the ``learners`` rows), sorted."""
+    rows = dump.group("learners")
+    return sorted(zip(rows["learner"], rows[column], strict=True))
+
 PREDICTED = {
     "async": ["protocol.name=async", "protocol.predict=true"],
     "softsync-fixed-s": ["protocol.name=softsync", "protocol.n=1", "protocol.predict=true",
@@ -63,23 +87,16 @@ OVERLAPPED = {
 @pytest.mark.parametrize("case", sorted(OVERLAPPED))
 def test_overlapped_engines_agree_exactly_where_deterministic(tmp_path, case):
     n, overrides = OVERLAPPED[case]
-    real, sim = real_and_simulated(tmp_path, n, overrides)
-    assert real.rows("updates") > 20
-    same(real, sim, "updates", UPDATES)
-    same(real, sim, "blocks", ("timestamp", "applied", "dropped"))
+    real, sim = agreeing(tmp_path, n, overrides, 20)
     if n == 1:
         same(real, sim, "gradients", ("learner", "timestamp", "staleness", "update"))
         same(real, sim, "staleness", ("learner", "version", "staleness"))
         same(real, sim, "train", ("learner", "step"))
     else:  # the order within a round is timing: each round took every learner once, σ = 0
         for dump in (real, sim):
-            g = dump.group("gradients")
-            for u in np.unique(g["update"]):
-                assert sorted(g["learner"][g["update"] == u]) == list(range(n))
-            assert np.all(g["staleness"] == 0)
-    rounds = lambda d: sorted(zip(d.group("learners")["learner"],  # noqa: E731
-                                  d.group("learners")["minibatches"], strict=True))
-    assert rounds(real) == rounds(sim)
+            each_round_took_every_learner(dump, n)
+            assert np.all(dump.group("gradients")["staleness"] == 0)
+    assert per_learner(real, "minibatches") == per_learner(sim, "minibatches")
 
 
 def test_one_overlapped_async_learner_stays_within_the_window_in_both(tmp_path):
@@ -105,21 +122,14 @@ TREES = {
 @pytest.mark.parametrize("case", sorted(TREES))
 def test_the_aggregator_tree_agrees_exactly_where_deterministic(tmp_path, case):
     n, overrides = TREES[case]
-    real, sim = real_and_simulated(tmp_path, n, overrides)
-    assert real.rows("updates") > 10  # 85 minibatches in rounds of λ
-    same(real, sim, "updates", UPDATES)
-    same(real, sim, "blocks", ("timestamp", "applied", "dropped"))
+    real, sim = agreeing(tmp_path, n, overrides, 10)  # 85 minibatches in rounds of λ
     nodes = lambda d: sorted(zip(d.group("aggregators")["aggregator"],  # noqa: E731
                                  d.group("aggregators")["rank"], strict=True))
     assert nodes(real) == nodes(sim) and len(nodes(sim)) >= 1  # the real layout's aggregators
     for dump in (real, sim):  # every round: each learner once, relayed through the tree, σ = 0
-        g = dump.group("gradients")
-        for u in np.unique(g["update"]):
-            assert sorted(g["learner"][g["update"] == u]) == list(range(n))
-        assert np.all(g["staleness"] == 0)
-    rounds = lambda d: sorted(zip(d.group("learners")["learner"],  # noqa: E731
-                                  d.group("learners")["minibatches"], strict=True))
-    assert rounds(real) == rounds(sim)
+        each_round_took_every_learner(dump, n)
+        assert np.all(dump.group("gradients")["staleness"] == 0)
+    assert per_learner(real, "minibatches") == per_learner(sim, "minibatches")
 
 
 #: the broadcast tree where no timing decides: hardsync's rounds, models relayed down a heap
@@ -134,16 +144,9 @@ BCAST = {
 @pytest.mark.parametrize("case", sorted(BCAST))
 def test_the_broadcast_tree_agrees_exactly_where_deterministic(tmp_path, case):
     n, overrides = BCAST[case]
-    real, sim = real_and_simulated(tmp_path, n, overrides)
-    assert real.rows("updates") > 10
-    same(real, sim, "updates", UPDATES)
-    same(real, sim, "blocks", ("timestamp", "applied", "dropped"))
+    real, sim = agreeing(tmp_path, n, overrides, 10)
     for dump in (real, sim):
-        g = dump.group("gradients")
-        for u in np.unique(g["update"]):
-            assert sorted(g["learner"][g["update"] == u]) == list(range(n))
-    per = lambda d, c: sorted(zip(d.group("learners")["learner"],  # noqa: E731
-                                  d.group("learners")[c], strict=True))
-    assert per(real, "minibatches") == per(sim, "minibatches")
+        each_round_took_every_learner(dump, n)
+    assert per_learner(real, "minibatches") == per_learner(sim, "minibatches")
     # the same learners relay, the same models: every round's model to each child once
-    assert per(real, "relayed_bytes") == per(sim, "relayed_bytes")
+    assert per_learner(real, "relayed_bytes") == per_learner(sim, "relayed_bytes")
