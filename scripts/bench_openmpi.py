@@ -117,13 +117,15 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"  {mpi:8s} {item}: {sum(times.values()):.1f} s "
                       f"(load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)  # fmt: skip
     load1 = os.getloadavg()
-    rows, tot = [], {m: 0.0 for m in MPIS}
+    rows, tot, ratios = [], {m: 0.0 for m in MPIS}, {}
     for test, by in seen.items():
         if not (by["MPICH"] and by["Open MPI"]):
             continue
         a, b = median(by["MPICH"]), median(by["Open MPI"])
         tot["MPICH"] += a
         tot["Open MPI"] += b
+        if a > 0:
+            ratios[test] = b / a
         rows.append([test, f"{a:.2f}", f"{b:.2f}", f"{b / a:.2f}" if a > 0 else "-"])
     rows.sort(key=lambda r: -float(r[3]) if r[3] != "-" else 0.0)
     ratio = tot["Open MPI"] / tot["MPICH"] if tot["MPICH"] else float("nan")
@@ -143,7 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(table(["item (one pytest)", "MPICH CPU s", "Open MPI CPU s", "ratio"], rows,
                 title="CPU of each pytest with its launchers and ranks, median"))  # fmt: skip
-    write_json(args.json, {"load": [load0, load1], "tests": seen, "cpu": cpu})
+    write_json(args.json, {"load": [load0, load1], "tests": seen, "cpu": cpu,
+                           "ratios": ratios, "totals": tot, "overall": ratio})  # fmt: skip
 
 
 if __name__ == "__main__":

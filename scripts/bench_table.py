@@ -267,16 +267,10 @@ def openmpi_tests(b: Bench) -> list[Figure]:
     Open MPI alternately; per test the medians' ratio, the worst, how many pass 1.5, overall."""
     argv = ["--openmpi", b.args.openmpi, "--repeats", str(b.args.repeats)]
     doc = b.script("bench_openmpi", argv)
-    ratios, tot = [], [0.0, 0.0]
-    for by in doc["tests"].values():
-        if by["MPICH"] and by["Open MPI"]:
-            a, o = median(by["MPICH"]), median(by["Open MPI"])
-            tot[0], tot[1] = tot[0] + a, tot[1] + o
-            if a > 0:
-                ratios.append(o / a)
+    ratios = list(doc["ratios"].values())  # per test, Open MPI ÷ MPICH of the medians
     worst = max(ratios, default=math.nan)
     over = sum(r > 1.5 for r in ratios)
-    overall = tot[1] / tot[0] if tot[0] else math.nan
+    overall, tot = doc["overall"], (doc["totals"]["MPICH"], doc["totals"]["Open MPI"])
     return [
         Figure(
             f"the Open MPI list of scripts/test.sh, Open MPI ÷ MPICH, {len(ratios)} tests",
