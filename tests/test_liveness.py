@@ -92,3 +92,36 @@ def test_wait_on_a_dead_peer_ends_naming_it():
     assert info.value.named
     assert f"lost rank 1 (server 0, pid {p.pid} on {socket.gethostname()})" in text
     assert "it failed first while waiting for weights of blocks [0]" in text
+
+
+@linux
+def test_the_periodic_check_polls_pidfds_and_reads_no_proc_file(monkeypatch):
+    """A wait asks every LIVENESS_PERIOD: with pidfds the answer reads no /proc file (reading
+    one per rank of the node was O(N²) per node, docs/performance.md)."""
+    import pserver.comm.liveness as liveness
+
+    if not hasattr(os, "pidfd_open"):
+        pytest.skip("no os.pidfd_open here (Linux 5.3+, Python 3.9+)")
+    p = child()
+    roster = roster_with(p)
+    assert roster.dead() == []  # opens the pidfds
+
+    def no_proc(*_a, **_k):
+        raise AssertionError("read /proc although a pidfd watches the rank")
+
+    monkeypatch.setattr(liveness, "start_time", no_proc)
+    assert roster.dead() == [] and roster.gone(1) is False
+    p.kill()
+    p.wait()
+    assert roster.dead() == [1] and roster.gone(1) is True
+
+
+@linux
+def test_without_pidfds_the_roster_reads_proc(monkeypatch):
+    monkeypatch.delattr(os, "pidfd_open", raising=False)
+    p = child()
+    roster = roster_with(p)
+    assert roster.dead() == []
+    p.kill()
+    p.wait()
+    assert roster.dead() == [1] and roster.gone(1) is True
