@@ -118,6 +118,12 @@ class Backoff:
         """Something happened: the next tests spin again (and poll tightly for ``tight`` s)."""
         self.tests, self.since, self.tight = 0, self.now(), max(tight, 0.0)
 
+    def ceiling(self) -> float:
+        """The longest sleep now: ``hi``, or ``long`` once the wait has been idle
+        ``LONG_WAIT`` s (a doorbell's wait sleeps this long unless rung)."""
+        idle = self.now() - self.since - self.tight
+        return self.long if idle >= LONG_WAIT else self.hi
+
     def next_sleep(self) -> float:
         """Seconds to sleep before the next test (0.0 while still spinning)."""
         self.tests += 1

@@ -16,13 +16,14 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from mpi4py import MPI
 
 from pserver.comm.backoff import Backoff, long_poll_max
 from pserver.comm.backoff import usable_cores as usable_cores  # re-exported for roles/
 from pserver.comm.departures import Departures, is_failure
+from pserver.comm.doorbell import Doorbells
 from pserver.comm.liveness import Roster
 from pserver.comm.wire import Header
 from pserver.errors import PeerLost
@@ -65,6 +66,8 @@ class PeerLog:
         self.roster, self.names = roster, names
         #: lost learners the run survives (Open MPI's ULFM, :mod:`pserver.comm.departures`)
         self.departures: Departures | None = None
+        #: this node's doorbells (:mod:`pserver.comm.doorbell`); None: every wait backs off
+        self.bells: Doorbells | None = None
         self.fatal: list[int] = []  # failed ranks the run cannot survive (ULFM names them)
 
     def note(self, peer: int | str, what: Header | str) -> None:
@@ -277,10 +280,24 @@ class Waiter:
         )
 
     def until(
-        self, done: Callable[[], bool], what: Callable[[], str] | str, tight: float = 0.0
+        self,
+        done: Callable[[], bool],
+        what: Callable[[], str] | str,
+        tight: float = 0.0,
+        rung_by: Collection[int] = (),
     ) -> None:
         """Return once ``done()`` is true; sleep between checks so an idle rank stays idle
-        (``tight``: seconds of shortest sleeps first, see :class:`Backoff`)."""
+        (``tight``: seconds of shortest sleeps first, see :class:`Backoff`).
+
+        ``rung_by``: the ranks that ring this rank's doorbell once they sent what ``done``
+        waits for. Where all of them share a doorbell with this rank
+        (:mod:`pserver.comm.doorbell`), each sleep is one sleep on the doorbell up to the
+        back-off's ceiling instead of the back-off's ramp of short sleeps: a ring ends it at
+        once, and without a ring the wait tests as often as an idle wait already did.
+        """
+        bells = self.peers.bells
+        if bells is None or not rung_by or not bells.covers(rung_by):
+            bells = None
         if self._test(done, what):
             return
         tighten_timer_slack()
@@ -288,11 +305,19 @@ class Waiter:
         start = backoff.since
         stall = StallClock(self.stall_timeout, self.log, start)
         try:
-            while not self._test(done, what):
+            while True:
+                seen = bells.seen() if bells is not None else 0  # before the test: a ring
+                if self._test(done, what):  # between the test and the sleep is not missed
+                    break
                 pause = backoff.next_sleep()
                 if not pause:
                     continue
-                stall.sleep(pause, what)
+                if bells is not None:
+                    pause = backoff.ceiling()
+                    bells.wait(seen, pause)
+                    stall.slept(stall.last, pause, what)
+                else:
+                    stall.sleep(pause, what)
                 now = time.monotonic()
                 self.check_peers(what, now)
                 if stall.due(now):
@@ -313,6 +338,11 @@ class Waiter:
                     raise self.peers.lost(what() if callable(what) else what, e) from e
                 error = e
         raise self.peers.lost(what() if callable(what) else what, error) from error
+
+    def ring(self, rank: int) -> None:
+        """Ring ``rank``'s doorbell: this rank just sent what a wait of it is ``rung_by``."""
+        if self.peers.bells is not None:
+            self.peers.bells.ring(rank)
 
     def wait(self, request: MPI.Request, what: Callable[[], str] | str) -> MPI.Status:
         status = MPI.Status()

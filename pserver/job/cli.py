@@ -304,8 +304,10 @@ def run(plan: Plan, start: Start, world: MPI.Comm) -> int:
     the exit status (``pserver.ckpt.drivers.end``: 0 done, 75 stopped by a signal, 74
     checkpoint not written; ``pserver.ckpt.drivers.periodic`` for ``run.checkpoint_interval``)."""
     from pserver.ckpt.drivers.periodic import run_parts
+    from pserver.comm.backoff import crowding
     from pserver.comm.channels import Channels
     from pserver.comm.departures import departures_of
+    from pserver.comm.doorbell import Doorbells
     from pserver.optim.blas import limit_blas_threads
     from pserver.runtime.context import Context, LearnerComm, Runtime, make_waiter
 
@@ -325,6 +327,10 @@ def run(plan: Plan, start: Start, world: MPI.Comm) -> int:
     channels = Channels.create(world)
     # issue 22: None unless Open MPI's ULFM
     peers.departures = departures_of(world, channels, plan.layout.learners, cfg)
+    # a crowded node's waits sleep on doorbells (no ULFM: the window's Free is collective)
+    crowded = crowding(plan.nodes.count(plan.nodes[plan.rank]) if plan.nodes else 1) > 1.0
+    bells = Doorbells.create(world, crowded and peers.departures is None)
+    channels.bells = peers.bells = bells
     # a thread that waits for the GIL gets it after at most this long: Python's default 5 ms
     # starves a comm thread beside pure-Python compute (docs/architecture.md, "The
     # communication thread and the GIL", has the figures)

@@ -257,6 +257,7 @@ class Aggregator:
     def reply(self, dest: int, r: Relay, kind: Reply) -> None:
         Header(Tag.REPLY, r.block.index, r.ts, self.ctx.rank, reply_aux(kind)).pack(self.out[0])
         self.ch.down.Send(self.out[0], dest, reply_tag(r.block.index))
+        self.ch.ring(dest)  # the child's pull sleeps on its doorbell (PSExchange.pull)
 
     # -- upwards: the children's gradients -----------------------------------------------------
 

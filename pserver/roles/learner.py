@@ -147,7 +147,12 @@ class PSExchange(Exchange):
             left = self.rule.rule == ITERATION and self.interrupt()
             return left
 
-        self.waiter.until(done, lambda: f"weights of blocks {sorted(self.asked)}")
+        # every reply header is followed by a ring of our doorbell (PullAnswers.reply, the
+        # aggregator's and a relaying learner's reply); PSP's τ2 deadline is no ring, so a
+        # partial pull keeps the back-off's fine sleeps
+        rung_by = self.link.upstream() if self.partial.fraction >= 1.0 else ()
+        self.waiter.until(done, lambda: f"weights of blocks {sorted(self.asked)}",
+                          rung_by=rung_by)  # fmt: skip
         # the next compute overwrites ``grad``; the server took the pushes before our pulls
         self.waiter.waitall(self.link.pushing, "gradient pushes to be delivered")
         self.link.pushing.clear()

@@ -68,6 +68,10 @@ class PSLink:
         row = self.replies[self.blocks.index(b)]
         self.asked[b.index] = self.ch.down.Irecv(row, self.source[b.index], reply_tag(b.index))
 
+    def upstream(self) -> set[int]:
+        """The ranks replies come from (shards, aggregators, a relaying learner)."""
+        return set(self.source.values())
+
     def answered(self) -> list[Block]:
         """The blocks whose reply header arrived (their requests are no longer outstanding)."""
         done = [index for index, req in list(self.asked.items()) if req.Test()]

@@ -161,3 +161,4 @@ class PullAnswers:
         )
         hdr.pack(self.out[0])
         self.ch.down.Send(self.out[0], dest, reply_tag(st.block.index))
+        self.ch.ring(dest)  # the learner's pull sleeps on its doorbell (PSExchange.pull)
