@@ -198,7 +198,9 @@ class RecordBuffer:
         self._reap()
         self._post(force=bool(self.budget.dropped))  # the final counts go in any case
         reqs = [req for req, _, _ in self._sending]
-        waiter.waitall(reqs, "the statistics server to take this rank's last statistics rows")
+        # the statistics server rings each sender once it took its rows (StatsServer.on_records)
+        waiter.waitall(reqs, "the statistics server to take this rank's last statistics rows",
+                       rung_by=(self.stats_rank,))  # fmt: skip
         self._reap()
         dropped = self.budget.dropped
         if dropped:
@@ -214,7 +216,8 @@ class RecordBuffer:
         """The rank's last message to the statistics server, after :meth:`close`: a
         non-blocking send waited for with a stall report (MPICH's blocking ``Send`` spins)."""
         req = self.comm.Isend(header, dest=self.stats_rank, tag=tag)
-        waiter.wait(req, "the statistics server to take this rank's goodbye")
+        waiter.wait(req, "the statistics server to take this rank's goodbye",
+                    rung_by=(self.stats_rank,))  # StatsServer.on_bye rings  # fmt: skip
 
     def _post(self, force: bool = False) -> None:
         if not self._n_rows and not self._clocks and not force:

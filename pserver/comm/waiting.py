@@ -344,14 +344,21 @@ class Waiter:
         if self.peers.bells is not None:
             self.peers.bells.ring(rank)
 
-    def wait(self, request: MPI.Request, what: Callable[[], str] | str) -> MPI.Status:
+    def wait(
+        self, request: MPI.Request, what: Callable[[], str] | str, rung_by: Collection[int] = ()
+    ) -> MPI.Status:
         status = MPI.Status()
-        self.until(lambda: request.Test(status), what)
+        self.until(lambda: request.Test(status), what, rung_by=rung_by)
         return status
 
-    def waitall(self, requests: Sequence[MPI.Request], what: Callable[[], str] | str) -> None:
+    def waitall(
+        self,
+        requests: Sequence[MPI.Request],
+        what: Callable[[], str] | str,
+        rung_by: Collection[int] = (),
+    ) -> None:
         if requests:
-            self.until(lambda: MPI.Request.Testall(list(requests)), what)
+            self.until(lambda: MPI.Request.Testall(list(requests)), what, rung_by=rung_by)
 
     def probe(
         self,

@@ -113,6 +113,12 @@ class StatsWriter:
             )
         self._columns: dict[str, dict[str, h5py.Dataset]] = {}
         self._clocks: dict[str, h5py.Dataset] = {}
+        # rows appended since the last write into the file, written as one block per column
+        # at the next flush (``_drain``): an HDF5 resize and write per column per batch cost
+        # the statistics server ~10 ms per learner's batch, which 128 learners' last batches
+        # queued behind for seconds (docs/performance.md, *λ = 128*)
+        self._pending: dict[str, list[dict[str, np.ndarray]]] = {}
+        self._pending_clocks: dict[str, list[Sequence[int]]] = {}
         if resume:
             self._adopt()
         self._last_flush = time.monotonic()
@@ -132,6 +138,8 @@ class StatsWriter:
         A group of the dump schema (:mod:`pserver.dump.schema`) takes only the schema's
         columns, stored with the schema's dtypes; values are cast to the stored dtype.
         """
+        if self.failed is not None:  # refuse work after a failure, as every write does
+            raise self.failed
         arrays = typed_columns(group, columns)
         n = self._check_rows(group, arrays)
         if n == 0:
@@ -145,12 +153,21 @@ class StatsWriter:
                 f"append to {group!r}: columns {sorted(arrays)} differ from the group's "
                 f"columns {sorted(datasets)}"
             )
+        self._pending.setdefault(group, []).append(arrays)
+
+    def _drain(self) -> None:
+        """Write the rows appended since the last drain: one resize and write per column."""
+        pending, self._pending = self._pending, {}
+        clocks, self._pending_clocks = self._pending_clocks, {}
         with self._guard("append to"):
-            for name, values in arrays.items():
-                ds = datasets[name]
-                start = ds.shape[0]
-                ds.resize((start + n,))
-                ds[start:] = values
+            for group, batches in pending.items():
+                for name, ds in self._columns[group].items():
+                    values = np.concatenate([b[name] for b in batches])
+                    start = ds.shape[0]
+                    ds.resize((start + len(values),))
+                    ds[start:] = values
+        for key, rows in clocks.items():
+            self._write_clocks(key, rows)
 
     def append_clocks(self, group: str, name: str, rows: list[Sequence[int]]) -> None:
         """Append ragged integer rows to the 2-D int64 dataset ``group/name``, padded with -1.
@@ -158,13 +175,17 @@ class StatsWriter:
         The width grows to the widest row seen; older rows read -1 in the new columns (the
         dataset's fill value), so no row is rewritten.
         """
+        if self.failed is not None:
+            raise self.failed
         if not rows:
             return
+        self._pending_clocks.setdefault(f"{group}/{name}", []).extend(list(r) for r in rows)
+
+    def _write_clocks(self, key: str, rows: list[Sequence[int]]) -> None:
         width = max(len(row) for row in rows)
         block = np.full((len(rows), max(width, 1)), CLOCK_PAD, dtype=np.int64)
         for i, row in enumerate(rows):
             block[i, : len(row)] = row
-        key = f"{group}/{name}"
         with self._guard("append to"):
             ds = self._clocks.get(key)
             if ds is None:
@@ -200,6 +221,7 @@ class StatsWriter:
     def flush(self) -> None:
         """Publish everything appended so far as ``stats.h5``: a crash after this keeps those
         rows, and a failure during it leaves the previous ``stats.h5`` as it was."""
+        self._drain()
         with self._guard("flush"):
             started = time.perf_counter()
             self.file.flush()
@@ -285,6 +307,7 @@ class StatsWriter:
 
     def rows(self) -> dict[str, int]:
         """Rows written so far in each group and ragged clock dataset (for a checkpoint)."""
+        self._drain()
         out = {g: next(iter(c.values())).shape[0] for g, c in self._columns.items() if c}
         out.update({key: ds.shape[0] for key, ds in self._clocks.items()})
         return out
@@ -293,6 +316,7 @@ class StatsWriter:
         """Cut every group back to ``rows`` (a checkpoint's :meth:`rows`): rows written after
         that checkpoint (by a run killed later, or one whose next checkpoint failed) would be
         written again by the resumed run."""
+        self._drain()
         with self._guard("truncate"):
             for group, columns in self._columns.items():
                 for ds in columns.values():

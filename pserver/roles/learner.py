@@ -149,18 +149,24 @@ class PSExchange(Exchange):
 
         # every reply header is followed by a ring of our doorbell (PullAnswers.reply, the
         # aggregator's and a relaying learner's reply); PSP's τ2 deadline is no ring, so a
-        # partial pull keeps the back-off's fine sleeps
+        # partial pull keeps the back-off's fine sleeps. A send moves only while its sender
+        # calls MPI, so the pushes are delivered before the pull may sleep on the doorbell
+        # (the server takes them before our pulls; the next compute overwrites ``grad``)
         rung_by = self.link.upstream() if self.partial.fraction >= 1.0 else ()
+        if rung_by and self.side.channels.bells is not None:
+            self.deliver_pushes()
         self.waiter.until(done, lambda: f"weights of blocks {sorted(self.asked)}",
                           rung_by=rung_by)  # fmt: skip
-        # the next compute overwrites ``grad``; the server took the pushes before our pulls
-        self.waiter.waitall(self.link.pushing, "gradient pushes to be delivered")
-        self.link.pushing.clear()
+        self.deliver_pushes()
         self.install(fresh)
         if left:  # a stop at this step boundary: the tag stays that of the last push
             return False
         self.rule.pulled({i: ts for i, ts in self.have.items() if i not in self.stopped})
         return not self.link.all_stopped()
+
+    def deliver_pushes(self) -> None:
+        self.waiter.waitall(self.link.pushing, "gradient pushes to be delivered")
+        self.link.pushing.clear()
 
     def oldest(self, b: Block) -> int:
         return self.rule.oldest(self.have[b.index])

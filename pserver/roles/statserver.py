@@ -243,6 +243,7 @@ class StatsServer:
                 raise
             return  # its rows die with it
         self.ctx.peers.note(source, "RECORDS")
+        self.ctx.channels.ring(source)  # its RecordBuffer.close may sleep on its doorbell
         rows, clocks, dropped = decode(data)
         self.losses.steps(rows)
         for group, cols in rows.items():
@@ -389,6 +390,7 @@ class StatsServer:
         source = status.Get_source()
         msg.Recv(self.hbuf[0])
         self.ctx.peers.note(source, Header.unpack(self.hbuf[0]))
+        self.ctx.channels.ring(source)  # its RecordBuffer.bye may sleep on its doorbell
         self.live.discard(source)
 
 
