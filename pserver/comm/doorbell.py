@@ -41,6 +41,17 @@ WAKE_ALL = 2**31 - 1
 LINE = 64  # bytes per counter: one cache line, so a ring does not disturb a neighbour's word
 
 
+_current: Doorbells | None = None  # this process's doorbells, while the run has them
+
+
+def ring(rank: int) -> None:
+    """Ring ``rank``'s doorbell if this process has doorbells (:meth:`Doorbells.ring`): for a
+    sender with no :class:`~pserver.comm.channels.Channels` at hand (statistics rows, model
+    snapshots); nothing otherwise."""
+    if _current is not None:
+        _current.ring(rank)
+
+
 class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
@@ -91,7 +102,9 @@ class Doorbells:
         np.frombuffer(buf, dtype=np.uint32, count=1)[0] = 0
         ranks = node.allgather(world.Get_rank())
         node.Barrier()  # every counter is zeroed before anyone rings
-        return cls(win, node, ranks, world.Get_rank())
+        global _current
+        _current = cls(win, node, ranks, world.Get_rank())
+        return _current
 
     def covers(self, ranks: Any) -> bool:
         """Whether every rank of ``ranks`` can ring this one (they share its node)."""
@@ -122,6 +135,9 @@ class Doorbells:
 
     def free(self) -> None:
         """Collective over the node: release the window (after the training's last ring)."""
+        global _current
+        if _current is self:
+            _current = None
         self.words.clear()
         self.win.Free()
         self.node.Free()

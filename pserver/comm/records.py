@@ -31,6 +31,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from pserver.comm.doorbell import ring
 from pserver.comm.waiting import Waiter
 from pserver.comm.wire import Tag
 
@@ -198,9 +199,9 @@ class RecordBuffer:
         self._reap()
         self._post(force=bool(self.budget.dropped))  # the final counts go in any case
         reqs = [req for req, _, _ in self._sending]
-        # the statistics server rings each sender once it took its rows (StatsServer.on_records)
-        waiter.waitall(reqs, "the statistics server to take this rank's last statistics rows",
-                       rung_by=(self.stats_rank,))  # fmt: skip
+        # no doorbell here: a batch larger than MPI's eager cells moves only while this rank
+        # calls MPI, so this wait must keep testing (pserver.comm.doorbell)
+        waiter.waitall(reqs, "the statistics server to take this rank's last statistics rows")
         self._reap()
         dropped = self.budget.dropped
         if dropped:
@@ -216,6 +217,7 @@ class RecordBuffer:
         """The rank's last message to the statistics server, after :meth:`close`: a
         non-blocking send waited for with a stall report (MPICH's blocking ``Send`` spins)."""
         req = self.comm.Isend(header, dest=self.stats_rank, tag=tag)
+        ring(self.stats_rank)  # the statistics server sleeps on its doorbell
         waiter.wait(req, "the statistics server to take this rank's goodbye",
                     rung_by=(self.stats_rank,))  # StatsServer.on_bye rings  # fmt: skip
 
@@ -225,6 +227,7 @@ class RecordBuffer:
         rows = {g: dict(cols) for g, cols in self._rows.items()}
         data = encode(rows, self._clocks, dict(self.budget.dropped))
         req = self.comm.Issend([data, MPI.BYTE], dest=self.stats_rank, tag=Tag.RECORDS)
+        ring(self.stats_rank)  # the statistics server sleeps on its doorbell
         self._sending.append((req, data, self._n_rows))
         self._rows.clear()
         self._clocks = []

@@ -365,6 +365,7 @@ class Waiter:
         comm: MPI.Comm,
         what: Callable[[], str] | str,
         also: Callable[[], bool] = lambda: False,
+        rung_by: Collection[int] = (),
     ) -> tuple[MPI.Message | None, MPI.Status]:
         """Wait until a message from anyone is pending on ``comm``; match it and return it.
 
@@ -385,5 +386,5 @@ class Waiter:
                 found.append(msg)
             return msg is not None or also()
 
-        self.until(matched, what)
+        self.until(matched, what, rung_by=rung_by)
         return (found[0] if found else None), status

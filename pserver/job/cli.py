@@ -306,6 +306,7 @@ def run(plan: Plan, start: Start, world: MPI.Comm) -> int:
     from pserver.ckpt.drivers.periodic import run_parts
     from pserver.comm.backoff import crowding
     from pserver.comm.channels import Channels
+    from pserver.comm.crowd import batch_task
     from pserver.comm.departures import departures_of
     from pserver.comm.doorbell import Doorbells
     from pserver.optim.blas import limit_blas_threads
@@ -327,10 +328,13 @@ def run(plan: Plan, start: Start, world: MPI.Comm) -> int:
     channels = Channels.create(world)
     # issue 22: None unless Open MPI's ULFM
     peers.departures = departures_of(world, channels, plan.layout.learners, cfg)
-    # a crowded node's waits sleep on doorbells (no ULFM: the window's Free is collective)
-    crowded = crowding(plan.nodes.count(plan.nodes[plan.rank]) if plan.nodes else 1) > 1.0
-    bells = Doorbells.create(world, crowded and peers.departures is None)
-    channels.bells = peers.bells = bells
+    # a crowded node's waits sleep on doorbells (no ULFM: the window's Free is collective),
+    # and its learners yield to the servers (pserver.comm.crowd)
+    crowded = cfg.comm.crowded == "auto" and crowding(
+        plan.nodes.count(plan.nodes[plan.rank]) if plan.nodes else 1) > 1.0  # fmt: skip
+    channels.bells = peers.bells = Doorbells.create(world, crowded and peers.departures is None)
+    if crowded and plan.role is Role.LEARNER:
+        batch_task(log)
     # a thread that waits for the GIL gets it after at most this long: Python's default 5 ms
     # starves a comm thread beside pure-Python compute (docs/architecture.md, "The
     # communication thread and the GIL", has the figures)

@@ -173,6 +173,9 @@ class CommConfig(Sealable):
     versions: int = 0  # weight buffers a block is served from (0: 1 + its readers); versions.py
     # issue 12: the learners-only strategies' allreduce, cut into buckets of this many MiB
     bucket_mib: float = 16.0
+    # issue 26: on a node with more ranks than cores, waits that a peer's message ends sleep
+    # on a doorbell (comm/doorbell.py) and learners are batch tasks (comm/crowd.py); off: not
+    crowded: str = "auto"
 
 
 @dataclass
@@ -312,6 +315,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "comm.staging": ("auto", "always", "never"),
     "comm.cuda_aware": ("auto", "yes", "no"),
     "comm.transport": ("messages", "shm"),
+    "comm.crowded": ("auto", "off"),
     "sim.loop": ("heap", "simpy"),
 }
 

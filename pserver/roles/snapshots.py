@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mpi4py import MPI
 
+from pserver.comm.doorbell import ring
 from pserver.comm.waiting import Waiter
 from pserver.comm.wire import Header, Tag, header_buffer, model_aux
 
@@ -95,6 +96,7 @@ class Snapshots:
         # for the statistics server too (see pserver.comm.records on MPICH's eager cells)
         self.buf = buf
         self.reqs = [ch.Issend(self.hdr, stats, Tag.MODEL), ch.Issend(buf, stats, Tag.MODEL)]
+        ring(stats)  # the statistics server sleeps on its doorbell
 
     def drain(self, w: Any, ts: int, waiter: Waiter) -> None:
         """End of the run: every queued snapshot, then the final one (waiting is fine now)."""

@@ -135,6 +135,9 @@ class StatsServer:
             msg, status = self.waiter.probe(
                 self.comm, lambda: f"reports from ranks {sorted(self.live)}",
                 also=lambda: self.losses.pending(self.live),
+                # every sender rings after it sent rows, a snapshot or its goodbye
+                # (RecordBuffer, Snapshots): sleep on the doorbell where they share it
+                rung_by=self.live,
             )
             self.losses.take(self.live)
             if msg is None:
