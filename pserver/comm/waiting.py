@@ -285,6 +285,7 @@ class Waiter:
         what: Callable[[], str] | str,
         tight: float = 0.0,
         rung_by: Collection[int] = (),
+        quiet: Callable[[], bool] | None = None,
     ) -> None:
         """Return once ``done()`` is true; sleep between checks so an idle rank stays idle
         (``tight``: seconds of shortest sleeps first, see :class:`Backoff`).
@@ -294,6 +295,8 @@ class Waiter:
         (:mod:`pserver.comm.doorbell`), each sleep is one sleep on the doorbell up to the
         back-off's ceiling instead of the back-off's ramp of short sleeps: a ring ends it at
         once, and without a ring the wait tests as often as an idle wait already did.
+        ``quiet``: whether this rank has nothing of its own in flight that needs its tests to
+        move (a send); while it is false the wait backs off as without a doorbell.
         """
         bells = self.peers.bells
         if bells is None or not rung_by or not bells.covers(rung_by):
@@ -312,7 +315,7 @@ class Waiter:
                 pause = backoff.next_sleep()
                 if not pause:
                     continue
-                if bells is not None:
+                if bells is not None and (quiet is None or quiet()):
                     pause = backoff.ceiling()
                     bells.wait(seen, pause)
                     stall.slept(stall.last, pause, what)

@@ -141,12 +141,16 @@ class PullAnswers:
             self.reply(dest, st, Reply.WEIGHTS, v.pool.current)
             req = self.ch.ack.Irecv(self.ack, dest, b)
         else:
-            self.reply(dest, st, Reply.WEIGHTS)
+            self.reply(dest, st, Reply.WEIGHTS, ring=False)
             # MPI must not read a busy device
             if not self.mode.staged and v.staged_ts != st.arith.ts:
                 self.side.backend.synchronize()
                 v.staged_ts = st.arith.ts
             req = self.ch.bulk.Isend(v.current, dest, b)
+            # rung once the payload is posted too: a learner woken by the header alone would
+            # sleep again with the payload unread, and our send (the version it pins) would
+            # wait for its next wake-up
+            self.ch.ring(dest)
         v.pin_send(req)
         self.bytes_out += st.arith.w.nbytes
 
@@ -155,10 +159,13 @@ class PullAnswers:
         b, a = st.block.index, st.arith
         st.versions.stage(lambda v: self.payloads.outgoing_version(b, v, a.serve()), a.ts)
 
-    def reply(self, dest: int, st: BlockState, kind: Reply, version: int = 0) -> None:
+    def reply(
+        self, dest: int, st: BlockState, kind: Reply, version: int = 0, ring: bool = True
+    ) -> None:
         hdr = Header(
             Tag.REPLY, st.block.index, st.arith.ts, self.side.rank, reply_aux(kind, version)
         )
         hdr.pack(self.out[0])
         self.ch.down.Send(self.out[0], dest, reply_tag(st.block.index))
-        self.ch.ring(dest)  # the learner's pull sleeps on its doorbell (PSExchange.pull)
+        if ring:  # the learner's pull sleeps on its doorbell (PSExchange.pull)
+            self.ch.ring(dest)
