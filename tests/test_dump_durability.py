@@ -222,3 +222,23 @@ def test_pserver_stats_on_a_truncated_file_prints_no_hdf5_trace(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 2 and proc.stdout == "", proc
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("pserver-stats: error:")
+
+
+def test_rows_appended_between_flushes_land_in_order_at_the_flush(tmp_path):
+    """Appends are kept in memory and written as one block per column at the flush (the
+    statistics server's cost per batch); the file holds every row in append order, the ragged
+    clocks beside their rows, and ``rows()`` counts what is not flushed yet."""
+    path = tmp_path / "stats.h5"
+    w = StatsWriter(path, ATTRS)
+    for i in range(5):
+        rows(w, i, n=3)
+        w.append_clocks("updates", "vector_clock", [[i] * (i + 1)])
+    assert w.rows()["train"] == 15 and w.rows()["updates/vector_clock"] == 5
+    rows(w, 5, n=3)
+    w.close()
+    with h5py.File(path, "r") as f:
+        assert list(f["train/step"][:]) == list(range(18))
+        assert list(f["train/time"][:]) == [float(i) for i in range(6) for _ in range(3)]
+        clocks = f["updates/vector_clock"][:]
+        assert clocks.shape == (5, 5)
+        assert list(clocks[4]) == [4] * 5 and list(clocks[0]) == [0, -1, -1, -1, -1]

@@ -333,8 +333,10 @@ def run(plan: Plan, start: Start, world: MPI.Comm) -> int:
     crowded = cfg.comm.crowded == "auto" and crowding(
         plan.nodes.count(plan.nodes[plan.rank]) if plan.nodes else 1) > 1.0  # fmt: skip
     channels.bells = peers.bells = Doorbells.create(world, crowded and peers.departures is None)
-    if crowded and plan.role is Role.LEARNER:
-        batch_task(log)
+    if channels.bells is not None:
+        log.debug("crowded node: doorbells for its %d ranks", len(channels.bells.words))
+    if crowded and plan.role is Role.LEARNER and batch_task(log):
+        log.debug("crowded node: this learner is a SCHED_BATCH task")
     # a thread that waits for the GIL gets it after at most this long: Python's default 5 ms
     # starves a comm thread beside pure-Python compute (docs/architecture.md, "The
     # communication thread and the GIL", has the figures)
