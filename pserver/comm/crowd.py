@@ -3,11 +3,12 @@
 On a node with more ranks than cores, every reply a server sends wakes a learner; Linux's
 scheduler lets a task that wakes from a sleep preempt the one running, so the server that
 just answered lost its core to the learner it answered, once per reply, while its queue of
-other learners' requests waited (docs/performance.md, *λ = 128*). ``SCHED_BATCH`` (any user
-may choose it for their own threads; the nice value is kept) tells the scheduler a task is
-throughput work: it is never preempted for, nor preempts on wake-up, and gets the same share
-of the CPU as before. Only the learners take it; the servers, data and statistics servers
-keep the normal policy, so their wake-ups still come first.
+other learners' requests waited (docs/performance.md, *Issue 26, third pass*).
+``SCHED_BATCH`` (any user may choose it for their own threads; the nice value is kept) tells
+the scheduler a task is throughput work: when it wakes it does not preempt the running task
+(it waits for the next tick), and it keeps the same share of the CPU. Only the learners take
+it; the servers, data and statistics servers keep the normal policy, so their wake-ups still
+come first.
 
 Threads inherit the policy of the thread that starts them: this is called before the
 learner's prefetch and communication threads exist.

@@ -3,9 +3,19 @@
 Neither MPI here sleeps while it waits on shared memory (``pserver.comm.waiting``), so every
 wait tests its requests between sleeps, and each test is a wake-up: a crowded node's idle ranks
 spent more CPU waking up than their peers had for the work they waited on (docs/performance.md,
-*λ = 128: doorbells*). Where one peer alone can end a wait (a learner waiting for its server's
-reply), the peer rings this rank's doorbell right after it sent, and the wait sleeps on the
-doorbell (a Linux futex in memory the node's ranks share) instead of testing on a back-off.
+*Issue 26, third pass*). Where the peers that can end a wait all ring this rank's doorbell right
+after they sent, the wait sleeps on the doorbell (a Linux futex in memory the node's ranks
+share) instead of testing on a back-off (``Waiter.until``'s ``rung_by``). The waits that do:
+a learner's pull (every reply rings: ``PullAnswers``, the aggregator's and a relaying learner's
+reply), the statistics server between reports (rows, snapshots and goodbyes ring, and it rings
+back once it took a sender's rows or goodbye), a rank's goodbye to the statistics server.
+
+A send may move only while its sender calls MPI (a message larger than MPI's eager cells goes
+in pieces, or waits for the sender to see the receiver's acknowledgement), so a rank never
+sleeps on its doorbell with a send of its own in flight that the wait depends on: a learner's
+pull sleeps on it only once its pushes are delivered (``quiet``), and a rank's last statistics
+rows are waited for on the back-off. Without that rule a learner sleeping with its push in
+flight stalled its server until its sleep timed out (docs/performance.md has the figures).
 
 A doorbell is a 32-bit counter per rank of the node in an MPI shared window. ``ring`` adds one
 and wakes every thread of that rank sleeping on it; a waiter reads the counter *before* it tests

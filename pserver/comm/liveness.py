@@ -18,7 +18,7 @@ cannot be checked this way: the report then says that it cannot tell.
 Every wait asks once per ``LIVENESS_PERIOD`` (``pserver.comm.waiting``), so the question must
 cost little: reading ``/proc/PID/stat`` of every rank of the node made it O(N) file reads per
 rank per period, O(N²) per node, which at 131 ranks on two cores took two thirds of an idle
-learner's CPU (docs/performance.md, *λ = 128: the liveness check*). Where Linux offers
+learner's CPU (docs/performance.md, *Issue 26, third pass*). Where Linux offers
 ``pidfd_open`` (5.3+), the roster holds a descriptor per rank of the node, opened once, and
 one ``poll`` with no timeout tells which have exited (a zombie included; a reused PID cannot
 fool a pidfd); elsewhere, or past the process's descriptor limit, it reads ``/proc``.

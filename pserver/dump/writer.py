@@ -114,9 +114,9 @@ class StatsWriter:
         self._columns: dict[str, dict[str, h5py.Dataset]] = {}
         self._clocks: dict[str, h5py.Dataset] = {}
         # rows appended since the last write into the file, written as one block per column
-        # at the next flush (``_drain``): an HDF5 resize and write per column per batch cost
-        # the statistics server ~10 ms per learner's batch, which 128 learners' last batches
-        # queued behind for seconds (docs/performance.md, *λ = 128*)
+        # at the next flush (``_drain``): an HDF5 resize and write per column per batch was
+        # what many learners' last batches queued behind (docs/performance.md, *Issue 26,
+        # third pass*)
         self._pending: dict[str, list[dict[str, np.ndarray]]] = {}
         self._pending_clocks: dict[str, list[Sequence[int]]] = {}
         if resume:

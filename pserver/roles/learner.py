@@ -43,7 +43,7 @@ def waits_for_update(cfg: Config) -> bool:
 
 #: a block's payload up to this many bytes is delivered before a pull sleeps on its doorbell
 #: (``PSExchange.pull``); a larger one, read by the receiver in one copy, completes while the
-#: learner sleeps (with 8 blocks of 2 MiB, delivering first halved the server's rate)
+#: learner sleeps (delivering several large blocks first slowed the server: docs/performance.md)
 SMALL_PUSH = 256 * 1024
 
 class PSExchange(Exchange):
@@ -163,8 +163,8 @@ class PSExchange(Exchange):
         rung_by = self.link.upstream() if self.partial.fraction >= 1.0 else ()
         if rung_by and self.small_pushes:
             # a small payload goes through MPI's shared-memory cells, which the sender fills
-            # as it tests: delivered first, the pull sleeps at once (measured: λ = 32 ran
-            # 1.4× faster than with the check below alone, docs/performance.md)
+            # as it tests: delivered first, the pull sleeps at once (quicker than the check
+            # below alone: docs/performance.md, *Issue 26, third pass*)
             self.waiter.waitall(self.link.pushing, "gradient pushes to be delivered")
         self.waiter.until(done, lambda: f"weights of blocks {sorted(self.asked)}",
                           rung_by=rung_by, quiet=self.pushes_delivered)  # fmt: skip
