@@ -46,6 +46,7 @@ def waits_for_update(cfg: Config) -> bool:
 #: learner sleeps (delivering several large blocks first slowed the server: docs/performance.md)
 SMALL_PUSH = 256 * 1024
 
+
 class PSExchange(Exchange):
     """Blocking PS client: pull (when newer) before a minibatch, push after it."""
 
