@@ -328,11 +328,12 @@ def run(plan: Plan, start: Start, world: MPI.Comm) -> int:
     channels = Channels.create(world)
     # issue 22: None unless Open MPI's ULFM
     peers.departures = departures_of(world, channels, plan.layout.learners, cfg)
-    # a crowded node's waits sleep on doorbells (no ULFM: the window's Free is collective),
-    # and its learners yield to the servers (pserver.comm.crowd)
-    crowded = cfg.comm.crowded == "auto" and crowding(
+    # a crowded node's waits sleep on doorbells and its learners yield to the servers
+    # (pserver.comm.crowd); not under ULFM, whose runs keep their behaviour (the window's Free
+    # is collective over the node, which a lost learner would block)
+    crowded = cfg.comm.crowded == "auto" and peers.departures is None and crowding(
         plan.nodes.count(plan.nodes[plan.rank]) if plan.nodes else 1) > 1.0  # fmt: skip
-    channels.bells = peers.bells = Doorbells.create(world, crowded and peers.departures is None)
+    channels.bells = peers.bells = Doorbells.create(world, crowded)
     if channels.bells is not None:
         log.debug("crowded node: doorbells for its %d ranks", len(channels.bells.words))
     if crowded and plan.role is Role.LEARNER and batch_task(log):
