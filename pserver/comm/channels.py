@@ -15,8 +15,6 @@ from dataclasses import dataclass
 
 from mpi4py import MPI
 
-from pserver.comm.doorbell import Doorbells
-
 
 @dataclass
 class Channels:
@@ -27,22 +25,12 @@ class Channels:
     io: MPI.Comm
     stats: MPI.Comm
     ack: MPI.Comm
-    #: this node's doorbells (:mod:`pserver.comm.doorbell`), set at start-up where it is crowded
-    bells: Doorbells | None = None
 
     @classmethod
     def create(cls, comm: MPI.Comm) -> Channels:
         """Collective over ``comm``: every rank must call it."""
         return cls(comm, *(comm.Dup() for _ in range(6)))
 
-    def ring(self, rank: int) -> None:
-        """Ring ``rank``'s doorbell after sending it what one of its waits is ``rung_by``
-        (``Waiter.until``); nothing where there are no doorbells."""
-        if self.bells is not None:
-            self.bells.ring(rank)
-
     def free(self) -> None:
-        if self.bells is not None:
-            self.bells.free()
         for c in (self.ctrl, self.down, self.bulk, self.io, self.stats, self.ack):
             c.Free()

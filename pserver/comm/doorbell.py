@@ -7,8 +7,8 @@ spent more CPU waking up than their peers had for the work they waited on (docs/
 after they sent, the wait sleeps on the doorbell (a Linux futex in memory the node's ranks
 share) instead of testing on a back-off (``Waiter.until``'s ``rung_by``). The waits that do:
 a learner's pull (every reply rings: ``PullAnswers``, the aggregator's and a relaying learner's
-reply), the statistics server between reports (rows, snapshots and goodbyes ring, and it rings
-back once it took a sender's rows or goodbye), a rank's goodbye to the statistics server.
+reply), the statistics server between reports (rows, snapshots and goodbyes ring it), a rank's
+goodbye to the statistics server (it rings back once it took the goodbye).
 
 A send may move only while its sender calls MPI (a message larger than MPI's eager cells goes
 in pieces, or waits for the sender to see the receiver's acknowledgement), so a rank never
@@ -55,9 +55,9 @@ _current: Doorbells | None = None  # this process's doorbells, while the run has
 
 
 def ring(rank: int) -> None:
-    """Ring ``rank``'s doorbell if this process has doorbells (:meth:`Doorbells.ring`): for a
-    sender with no :class:`~pserver.comm.channels.Channels` at hand (statistics rows, model
-    snapshots); nothing otherwise."""
+    """Ring ``rank``'s doorbell after sending it what one of its waits is ``rung_by``
+    (``Waiter.until``): :meth:`Doorbells.ring` of this process's doorbells; nothing where the
+    run has none (an uncrowded node, ``comm.crowded = "off"``, ULFM)."""
     if _current is not None:
         _current.ring(rank)
 

@@ -342,11 +342,6 @@ class Waiter:
                 error = e
         raise self.peers.lost(what() if callable(what) else what, error) from error
 
-    def ring(self, rank: int) -> None:
-        """Ring ``rank``'s doorbell: this rank just sent what a wait of it is ``rung_by``."""
-        if self.peers.bells is not None:
-            self.peers.bells.ring(rank)
-
     def wait(
         self, request: MPI.Request, what: Callable[[], str] | str, rung_by: Collection[int] = ()
     ) -> MPI.Status:

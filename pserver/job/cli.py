@@ -333,9 +333,9 @@ def run(plan: Plan, start: Start, world: MPI.Comm) -> int:
     # is collective over the node, which a lost learner would block)
     crowded = cfg.comm.crowded == "auto" and peers.departures is None and crowding(
         plan.nodes.count(plan.nodes[plan.rank]) if plan.nodes else 1) > 1.0  # fmt: skip
-    channels.bells = peers.bells = Doorbells.create(world, crowded)
-    if channels.bells is not None:
-        log.debug("crowded node: doorbells for its %d ranks", len(channels.bells.words))
+    peers.bells = Doorbells.create(world, crowded)
+    if peers.bells is not None:
+        log.debug("crowded node: doorbells for its %d ranks", len(peers.bells.words))
     if crowded and plan.role is Role.LEARNER and batch_task(log):
         log.debug("crowded node: this learner is a SCHED_BATCH task")
     # a thread that waits for the GIL gets it after at most this long: Python's default 5 ms
@@ -376,6 +376,8 @@ def run(plan: Plan, start: Start, world: MPI.Comm) -> int:
     if shm is not None:
         shm.free()
     channels.free()
+    if peers.bells is not None:  # after the last ring of the training
+        peers.bells.free()
     if learners.comm is not None:  # every learner gets here once its run has ended
         learners.comm.Free()
     PHASES.mark("finish")

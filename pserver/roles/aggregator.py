@@ -61,6 +61,7 @@ from mpi4py import MPI
 
 from pserver.ckpt.files import State
 from pserver.ckpt.records.aggregator import NOT_CACHED, AggregatorRecord
+from pserver.comm.doorbell import ring
 from pserver.comm.inbox import Inbox
 from pserver.comm.payload import Payloads
 from pserver.comm.wire import (
@@ -257,7 +258,7 @@ class Aggregator:
     def reply(self, dest: int, r: Relay, kind: Reply) -> None:
         Header(Tag.REPLY, r.block.index, r.ts, self.ctx.rank, reply_aux(kind)).pack(self.out[0])
         self.ch.down.Send(self.out[0], dest, reply_tag(r.block.index))
-        self.ch.ring(dest)  # the child's pull sleeps on its doorbell (PSExchange.pull)
+        ring(dest)  # the child's pull sleeps on its doorbell (PSExchange.pull)
 
     # -- upwards: the children's gradients -----------------------------------------------------
 

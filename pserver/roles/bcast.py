@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
+from pserver.comm.doorbell import ring
 from pserver.comm.payload import Payloads
 from pserver.comm.wire import (
     Header,
@@ -130,7 +131,7 @@ class Children:
         out = self.link.out[0]
         Header(Tag.REPLY, b.index, ts, self.side.rank, reply_aux(kind)).pack(out)
         self.ch.down.Send(out, dest, reply_tag(b.index))
-        self.ch.ring(dest)  # the child's pull sleeps on its doorbell (PSExchange.pull)
+        ring(dest)  # the child's pull sleeps on its doorbell (PSExchange.pull)
 
     def answer(self) -> None:
         """Serve again the pulls that waited for weights newer than ours."""

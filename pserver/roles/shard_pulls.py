@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pserver.comm import doorbell
 from pserver.comm.payload import Payloads
 from pserver.comm.wire import Header, Reply, Tag, header_buffer, pull_oldest, reply_aux, reply_tag
 from pserver.protocols.pull import pull_answer
@@ -150,7 +151,7 @@ class PullAnswers:
             # rung once the payload is posted too: a learner woken by the header alone would
             # sleep again with the payload unread, and our send (the version it pins) would
             # wait for its next wake-up
-            self.ch.ring(dest)
+            doorbell.ring(dest)
         v.pin_send(req)
         self.bytes_out += st.arith.w.nbytes
 
@@ -168,4 +169,4 @@ class PullAnswers:
         hdr.pack(self.out[0])
         self.ch.down.Send(self.out[0], dest, reply_tag(st.block.index))
         if ring:  # the learner's pull sleeps on its doorbell (PSExchange.pull)
-            self.ch.ring(dest)
+            doorbell.ring(dest)

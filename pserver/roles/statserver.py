@@ -28,6 +28,7 @@ from mpi4py import MPI
 from pserver import __version__
 from pserver.ckpt.files import State
 from pserver.comm.departures import is_failure
+from pserver.comm.doorbell import ring
 from pserver.comm.records import decode
 from pserver.comm.waiting import usable_cores
 from pserver.comm.wire import Header, Tag, WireError, header_buffer, model_epoch
@@ -246,7 +247,6 @@ class StatsServer:
                 raise
             return  # its rows die with it
         self.ctx.peers.note(source, "RECORDS")
-        self.ctx.channels.ring(source)  # its RecordBuffer.close may sleep on its doorbell
         rows, clocks, dropped = decode(data)
         self.losses.steps(rows)
         for group, cols in rows.items():
@@ -393,7 +393,7 @@ class StatsServer:
         source = status.Get_source()
         msg.Recv(self.hbuf[0])
         self.ctx.peers.note(source, Header.unpack(self.hbuf[0]))
-        self.ctx.channels.ring(source)  # its RecordBuffer.bye may sleep on its doorbell
+        ring(source)  # its RecordBuffer.bye may sleep on its doorbell
         self.live.discard(source)
 
 
